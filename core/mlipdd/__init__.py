@@ -1,0 +1,6 @@
+"""mlipdd: domain decomposition for machine-learned interatomic potentials."""
+
+from mlipdd.data import AtomicData, Batch, InputError
+
+__version__ = "0.1.0"
+__all__ = ["AtomicData", "Batch", "InputError", "__version__"]

@@ -1,0 +1,136 @@
+"""The model protocol: a wrapper turns a batch into energy, forces and stress.
+
+A wrapper's forward is single-process code. Under domain decomposition the core hands
+it a batch whose positions are a `ShardTensor` over ``[owned | ghost]`` rows and whose
+neighbour list keeps only edges with an owned receiver; the wrapper does not notice.
+
+Neighbour-list convention (ASE's "ijS"): ``edge_index[0]`` is the sender ``i``,
+``edge_index[1]`` the receiver ``j``, and the edge vector is
+``positions[j] + shifts - positions[i]``. Messages are scattered into receivers.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from mlipdd.data import Batch
+
+
+class NeighborListFormat(enum.Enum):
+    COO = "coo"  # edge_index (2, E) + shifts (E, 3)
+
+
+@dataclass(frozen=True)
+class NeighborConfig:
+    cutoff: float
+    format: NeighborListFormat = NeighborListFormat.COO
+    full_list: bool = True
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What a wrapper computes and what it needs.
+
+    ``autograd_outputs`` are derived by autograd from ``autograd_inputs``; the rest come
+    straight out of the forward.
+    """
+
+    neighbor_config: NeighborConfig
+    outputs: frozenset[str] = frozenset({"energy", "forces", "stress"})
+    autograd_outputs: frozenset[str] = frozenset({"forces", "stress"})
+    autograd_inputs: frozenset[str] = frozenset({"positions"})
+    needs_system_charge: bool = False
+    supported_dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float64)
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def cutoff(self) -> float:
+        return self.neighbor_config.cutoff
+
+
+def per_system_sum(values: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """Sum per-atom ``values`` into one value per system.
+
+    Written as an out-of-place ``scatter_add`` on purpose: under domain decomposition
+    the ShardTensor dispatch turns exactly this op into "owned rows + all_reduce".
+    """
+    out = torch.zeros(batch.num_systems, *values.shape[1:], dtype=values.dtype, device=values.device)
+    index = batch.batch.view(-1, *([1] * (values.dim() - 1))).expand_as(values)
+    return out.scatter_add(0, index, values)
+
+
+def strained(batch: Batch, strain: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions and cells deformed by the symmetric part of ``strain`` (n_systems, 3, 3)."""
+    sym = 0.5 * (strain + strain.transpose(1, 2))
+    eye = torch.eye(3, dtype=sym.dtype, device=sym.device)
+    deform = eye + sym
+    positions = torch.einsum("ni,nij->nj", batch.positions, deform[batch.batch])
+    cell = torch.bmm(batch.cell, deform)
+    return positions, cell
+
+
+class ModelWrapper(nn.Module):
+    """Base of every model wrapper (the seeds call it BaseModelMixin).
+
+    Two ways to implement one:
+
+    * energy models: implement ``atomic_energies(batch, positions, cell)`` returning one
+      energy per atom; the base forward sums them per system and differentiates for
+      forces and (via the strain route) stress;
+    * self-contained models (MACE computes its own forces): override ``forward``.
+    """
+
+    model_config: ModelConfig
+
+    @property
+    def cutoff(self) -> float:
+        return self.model_config.cutoff
+
+    def adapt_input(self, batch: Batch) -> dict:
+        """Translate an mlipdd batch into the model's own inputs (default: pass through)."""
+        return {"batch": batch}
+
+    def distribution_spec(self, strategy=None):
+        """The `MLIPSpec` this model runs under; ``None`` lets the core infer a default."""
+        return None
+
+    def atomic_energies(self, batch: Batch, positions: torch.Tensor, cell: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} implements neither atomic_energies nor forward")
+
+    def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
+        return energy_forces_stress(self, batch, compute_stress)
+
+
+def energy_forces_stress(model: ModelWrapper, batch: Batch, compute_stress: bool) -> dict:
+    """Energy per system, forces by autograd, stress by the strain route."""
+    positions = batch.positions
+    grad_enabled = torch.is_grad_enabled()
+    with torch.enable_grad():
+        if not positions.requires_grad:
+            positions = positions.detach().requires_grad_(True)
+        inputs = [positions]
+        cell = batch.cell
+        if compute_stress:
+            strain = torch.zeros_like(batch.cell, requires_grad=True)
+            inputs.append(strain)
+            pos_used, cell = strained(_with_positions(batch, positions), strain)
+        else:
+            pos_used = positions
+        energies = model.atomic_energies(batch, pos_used, cell)
+        energy = per_system_sum(energies, batch)
+        grads = torch.autograd.grad(energy.sum(), inputs, create_graph=grad_enabled and model.training)
+    out = {"energy": energy, "energies": energies, "forces": -grads[0]}
+    if compute_stress:
+        volume = torch.linalg.det(batch.cell).abs().view(-1, 1, 1)
+        out["stress"] = grads[1] / volume
+    return out
+
+
+def _with_positions(batch: Batch, positions: torch.Tensor) -> Batch:
+    view = Batch._from_dicts(dict(batch.node), dict(batch.system))
+    view.node["positions"] = positions
+    return view

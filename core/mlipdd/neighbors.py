@@ -1,0 +1,260 @@
+"""Neighbour lists for batches of atomic systems, built on vesin.
+
+Convention (ASE's "ijS", the same as `mlipdd.models.base`): ``edge_index[0]`` is the
+sender ``i``, ``edge_index[1]`` the receiver ``j``, and the edge vector is
+``positions[j] + unit_shifts @ cell - positions[i]``. Indices are global rows of the
+batch; each system is searched on its own, so no edge joins two systems.
+
+The list stores *integer* image shifts (in units of cell vectors) rather than
+cartesian ones: the cartesian shift is recomputed from the cell on demand
+(`NeighborList.shifts`), which keeps it differentiable with respect to the cell, the
+route by which the base model gets the stress.
+
+vesin handles every boundary we need (checked against brute force in
+tests/test_neighbors.py): fully periodic triclinic cells, cells thinner than twice the
+cutoff (an atom then sees several images of itself and of each neighbour), open
+boundaries with a zero cell, and mixed periodicity (a slab) where the non-periodic
+cell vector may be zero. It runs on CPU and CUDA; the list lives on the batch's device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mlipdd.data import Batch, InputError
+
+try:  # vesin >= 0.5 ships the TorchScript bindings as their own top-level package
+    from vesin_torch import NeighborList as _VesinNeighborList
+except ImportError:  # pragma: no cover - older vesin layout
+    from vesin.torch import NeighborList as _VesinNeighborList
+
+
+@dataclass
+class NeighborList:
+    """A COO neighbour list: ``edge_index`` (2, E) long and ``unit_shifts`` (E, 3).
+
+    ``unit_shifts`` has the positions' float dtype and holds integers (how many cell
+    vectors the receiver's image is displaced by). ``cutoff`` is the radius the list
+    was built with (cutoff + skin when built through a policy); models keep only the
+    edges shorter than their own cutoff. ``reference_positions`` / ``reference_cell``
+    are the geometry it was built from (set by `attach_neighbors`).
+    """
+
+    edge_index: torch.Tensor
+    unit_shifts: torch.Tensor
+    cutoff: float | None = None
+    full_list: bool = True
+    reference_positions: torch.Tensor | None = None
+    reference_cell: torch.Tensor | None = None
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.edge_index.shape[1])
+
+    @property
+    def senders(self) -> torch.Tensor:
+        return self.edge_index[0]
+
+    @property
+    def receivers(self) -> torch.Tensor:
+        return self.edge_index[1]
+
+    def edge_system(self, batch_index: torch.Tensor) -> torch.Tensor:
+        """The system each edge belongs to (that of its receiver)."""
+        return batch_index.index_select(0, self.edge_index[1])
+
+    def shifts(self, cell: torch.Tensor, batch_index: torch.Tensor) -> torch.Tensor:
+        """Cartesian image shifts (E, 3) = unit_shifts @ cell of the edge's system.
+
+        Differentiable with respect to ``cell`` (n_systems, 3, 3).
+        """
+        if self.num_edges == 0:
+            return self.unit_shifts.new_zeros((0, 3)).to(cell.dtype)
+        edge_cells = cell.index_select(0, self.edge_system(batch_index))
+        return torch.einsum("ei,eij->ej", self.unit_shifts.to(cell.dtype), edge_cells)
+
+    def edge_vectors(
+        self, positions: torch.Tensor, cell: torch.Tensor, batch_index: torch.Tensor
+    ) -> torch.Tensor:
+        """Vectors from sender to receiver image, ``pos[j] + shift - pos[i]``."""
+        sender, receiver = self.edge_index[0], self.edge_index[1]
+        return (
+            positions.index_select(0, receiver)
+            + self.shifts(cell, batch_index)
+            - positions.index_select(0, sender)
+        )
+
+    def select(self, mask: torch.Tensor) -> NeighborList:
+        """The edges where ``mask`` (E,) holds; references and cutoff are kept."""
+        return NeighborList(
+            self.edge_index[:, mask],
+            self.unit_shifts[mask],
+            self.cutoff,
+            self.full_list,
+            self.reference_positions,
+            self.reference_cell,
+        )
+
+    def to(self, device) -> NeighborList:
+        def move(t):
+            return None if t is None else t.to(device)
+
+        return NeighborList(
+            self.edge_index.to(device),
+            self.unit_shifts.to(device),
+            self.cutoff,
+            self.full_list,
+            move(self.reference_positions),
+            move(self.reference_cell),
+        )
+
+
+def build_neighbor_list(batch: Batch, cutoff: float, full_list: bool = True) -> NeighborList:
+    """All pairs closer than ``cutoff`` in every system of ``batch`` (global atom indices).
+
+    A full list holds each pair in both directions; a half list (``full_list=False``)
+    holds each once. Edges are sorted by receiver, then sender, then shift, so the
+    result does not depend on the library's internal order.
+    """
+    cutoff = float(cutoff)
+    if not cutoff > 0:
+        raise InputError(
+            f"neighbour-list cutoff must be positive, got {cutoff}; pass the model's cutoff"
+        )
+    positions = _plain(batch.positions).detach()
+    cell = _plain(batch.cell).detach().to(positions.dtype)
+    pbc = _plain(batch.pbc).to(torch.bool)
+    system_of_atom = _plain(batch.batch)
+    dtype, device = positions.dtype, positions.device
+
+    calculator = _VesinNeighborList(cutoff=cutoff, full_list=full_list)
+    edges, shifts = [], []
+    single_system = batch.num_systems == 1
+    for s in range(batch.num_systems):
+        _check_periodic_cell(cell[s], pbc[s], s)
+        rows = None if single_system else torch.nonzero(system_of_atom == s).flatten()
+        points = positions if rows is None else positions.index_select(0, rows)
+        if points.shape[0] == 0:
+            continue
+        i, j, unit = calculator.compute(points, cell[s], pbc[s].cpu(), "ijS")
+        pair = torch.stack(
+            [i.to(device=device, dtype=torch.long), j.to(device=device, dtype=torch.long)]
+        )
+        if rows is not None:
+            pair = rows[pair]
+        edges.append(pair)
+        shifts.append(unit.to(device=device, dtype=torch.long))
+    if edges:
+        edge_index, unit_shifts = torch.cat(edges, dim=1), torch.cat(shifts)
+    else:
+        edge_index = torch.zeros((2, 0), dtype=torch.long, device=device)
+        unit_shifts = torch.zeros((0, 3), dtype=torch.long, device=device)
+    edge_index, unit_shifts = _sorted_edges(edge_index, unit_shifts, batch.num_atoms)
+    return NeighborList(edge_index, unit_shifts.to(dtype), cutoff, full_list)
+
+
+def attach_neighbors(batch: Batch, cutoff: float, full_list: bool = True) -> NeighborList:
+    """Build a list, store it as ``batch.neighbors`` with the geometry it came from."""
+    neighbors = build_neighbor_list(batch, cutoff, full_list)
+    neighbors.reference_positions = _plain(batch.positions).detach().clone()
+    neighbors.reference_cell = _plain(batch.cell).detach().clone()
+    batch.neighbors = neighbors
+    return neighbors
+
+
+class NeighborListPolicy:
+    """When to rebuild a Verlet list built with ``cutoff + skin``.
+
+    A list built with a skin stays valid (holds every pair within ``cutoff``) until
+    some atom has moved more than ``skin / 2``: two atoms approaching each other can
+    then close at most ``skin`` of distance. A changed cell, periodicity or atom set
+    always invalidates it. `needs_rebuild` is a rank-local answer; a distributed
+    runtime reduces it across ranks before acting on it.
+    """
+
+    def __init__(self, cutoff: float, skin: float = 0.0, full_list: bool = True):
+        if skin < 0:
+            raise InputError(f"skin must be >= 0, got {skin}; use 0 to rebuild every step")
+        self.cutoff = float(cutoff)
+        self.skin = float(skin)
+        self.full_list = full_list
+        self._positions: torch.Tensor | None = None
+        self._cell: torch.Tensor | None = None
+        self._pbc: torch.Tensor | None = None
+        self._atom_ids: torch.Tensor | None = None
+        self.num_builds = 0
+
+    @property
+    def build_cutoff(self) -> float:
+        return self.cutoff + self.skin
+
+    def build(self, batch: Batch) -> NeighborList:
+        """Build with ``cutoff + skin``, attach to the batch and remember the geometry."""
+        neighbors = attach_neighbors(batch, self.build_cutoff, self.full_list)
+        self._positions = neighbors.reference_positions
+        self._cell = neighbors.reference_cell
+        self._pbc = _plain(batch.pbc).clone()
+        self._atom_ids = _plain(batch.atom_ids).clone()
+        self.num_builds += 1
+        return neighbors
+
+    def needs_rebuild(self, batch: Batch) -> bool:
+        if self._positions is None:
+            return True
+        positions = _plain(batch.positions).detach()
+        if positions.shape != self._positions.shape:
+            return True
+        if not torch.equal(_plain(batch.atom_ids), self._atom_ids):
+            return True
+        if not torch.equal(_plain(batch.cell).detach(), self._cell):
+            return True
+        if not torch.equal(_plain(batch.pbc), self._pbc):
+            return True
+        if positions.shape[0] == 0:
+            return False
+        displacement = (positions - self._positions).norm(dim=1).max()
+        return bool(displacement > 0.5 * self.skin)
+
+    def update(self, batch: Batch) -> tuple[NeighborList, bool]:
+        """Rebuild when needed; returns the current list and whether it was rebuilt."""
+        if self.needs_rebuild(batch):
+            return self.build(batch), True
+        neighbors = batch.neighbors
+        if neighbors is None:  # same geometry but a fresh batch object: rebuild to attach
+            return self.build(batch), True
+        return neighbors, False
+
+
+# ---- helpers -------------------------------------------------------------------------
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """The tensor as a plain `torch.Tensor` (a ShardTensor's local rows, untouched)."""
+    return t if type(t) is torch.Tensor else t.as_subclass(torch.Tensor)
+
+
+def _check_periodic_cell(cell: torch.Tensor, pbc: torch.Tensor, system: int) -> None:
+    lengths = cell.norm(dim=1)
+    for axis in range(3):
+        if bool(pbc[axis]) and float(lengths[axis]) == 0.0:
+            raise InputError(
+                f"system {system}: axis {'abc'[axis]} is periodic but its cell vector is zero; "
+                "give a cell vector for every periodic axis or set pbc False along it"
+            )
+
+
+def _sorted_edges(edge_index: torch.Tensor, unit_shifts: torch.Tensor, num_atoms: int):
+    """Sort by (receiver, sender, shift) with two stable sorts: shift key, then pair key."""
+    if edge_index.shape[1] == 0:
+        return edge_index, unit_shifts
+    low = unit_shifts.min(dim=0).values
+    span = unit_shifts.max(dim=0).values - low + 1
+    code = unit_shifts - low
+    shift_key = (code[:, 0] * span[1] + code[:, 1]) * span[2] + code[:, 2]
+    order = torch.sort(shift_key, stable=True).indices
+    sender, receiver = edge_index[0].index_select(0, order), edge_index[1].index_select(0, order)
+    pair_key = receiver * max(num_atoms, 1) + sender
+    order = order.index_select(0, torch.sort(pair_key, stable=True).indices)
+    return edge_index[:, order], unit_shifts.index_select(0, order)

@@ -1,0 +1,313 @@
+"""The integrator skeleton: stages, hooks, and the velocity-Verlet split.
+
+One MD step, as `BaseDynamics.step` runs it::
+
+    BEFORE_STEP
+    pre_update(batch)        # first half kick + drift (integrator specific)
+    AFTER_POSITIONS
+    compute()                # BEFORE_COMPUTE, model forward, AFTER_COMPUTE
+    post_update(batch)       # second half kick (integrator specific)
+    AFTER_STEP               # step counter already advanced
+
+`run` adds BEFORE_RUN (after the initial force evaluation) and AFTER_RUN around the
+loop, and ON_CONVERGE when an optimiser's `converged` says stop.
+
+Units are ASE's: eV, Angstrom, amu, and ASE's internal time unit. The user gives the
+time step in fs; ``self.dt`` holds it in ASE units (``dt_fs * ase.units.fs``), so
+velocities are the same numbers ``Atoms.get_velocities()`` returns.
+
+Integrators written on this base stay exact under domain decomposition as long as
+``pre_update``/``post_update`` are per-atom and every sum over atoms goes through
+``self.reduce`` (see `mlipdd.dynamics.reduce`).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from ase import units
+
+from mlipdd.data import Batch, InputError
+from mlipdd.dynamics import reduce as _reduce
+from mlipdd.dynamics.reduce import GlobalReducer
+
+DEFAULT_SKIN = 0.5  # Angstrom, for the neighbour-list hook added automatically
+
+
+class DynamicsStage(enum.Enum):
+    BEFORE_RUN = "before_run"
+    BEFORE_STEP = "before_step"
+    AFTER_POSITIONS = "after_positions"
+    BEFORE_COMPUTE = "before_compute"
+    AFTER_COMPUTE = "after_compute"
+    AFTER_STEP = "after_step"
+    ON_CONVERGE = "on_converge"
+    AFTER_RUN = "after_run"
+
+
+# Stages that fire once per `run`; a hook's frequency does not thin them out.
+ONCE_PER_RUN = frozenset(
+    {DynamicsStage.BEFORE_RUN, DynamicsStage.AFTER_RUN, DynamicsStage.ON_CONVERGE}
+)
+
+
+@runtime_checkable
+class DynamicsHook(Protocol):
+    """Anything with ``stage`` (one stage or several), ``frequency`` and ``__call__``.
+
+    A hook fires at its stage(s) on steps where ``step % frequency == 0``; ``step`` is
+    the number of completed steps at AFTER_STEP and the index of the step being taken
+    at the earlier stages.
+    """
+
+    stage: DynamicsStage | tuple[DynamicsStage, ...]
+    frequency: int
+
+    def __call__(self, ctx: HookContext, stage: DynamicsStage) -> None: ...
+
+
+@dataclass
+class HookContext:
+    """What a hook sees. Thermodynamic quantities are methods of ``dynamics``."""
+
+    batch: Batch
+    step: int
+    dynamics: BaseDynamics
+
+    @property
+    def time_fs(self) -> float:
+        return self.step * self.dynamics.dt_fs
+
+    @property
+    def outputs(self) -> dict[str, torch.Tensor]:
+        """The last model outputs (energy, forces, maybe stress and per-atom energies)."""
+        return self.dynamics.outputs
+
+
+def hook_stages(hook: DynamicsHook) -> tuple[DynamicsStage, ...]:
+    stage = hook.stage
+    return (stage,) if isinstance(stage, DynamicsStage) else tuple(stage)
+
+
+class BaseDynamics:
+    """Common machinery; subclasses implement `pre_update` and `post_update`.
+
+    ``model`` is a `ModelWrapper` (or anything called as ``model(batch,
+    compute_stress=...)`` returning "energy" and "forces"). ``dt`` is in fs. ``reduce``
+    is the coordinator for global sums (single-process by default). When the model
+    declares a cutoff and no `NeighborListHook` is among ``hooks``, one with a
+    ``skin`` Angstrom Verlet skin is put first; pass ``skin=None`` to add none.
+    """
+
+    # fields the integrator reads on top of positions/masses; checked at `run`
+    required_fields: tuple[str, ...] = ()
+    # degrees of freedom removed per system (0: ASE's 3N convention)
+    removed_dof_per_system: int = 0
+    # whether `compute` asks the model for the stress (barostats set this)
+    compute_stress: bool = False
+
+    def __init__(
+        self,
+        model,
+        dt: float,
+        hooks: Iterable[DynamicsHook] = (),
+        *,
+        reduce: GlobalReducer | None = None,
+        skin: float | None = DEFAULT_SKIN,
+        nan_check_every: int = 1,
+    ):
+        dt = float(dt)
+        if not (dt > 0 and math.isfinite(dt)):
+            raise InputError(
+                f"time step must be a positive number of fs, got {dt}; try 1.0 to 2.0 fs"
+            )
+        self.model = model
+        self.dt_fs = dt
+        self.dt = dt * units.fs
+        self.reduce = reduce if reduce is not None else GlobalReducer()
+        self.nan_check_every = int(nan_check_every)
+        self.hooks: list[DynamicsHook] = []
+        for hook in hooks:
+            self.add_hook(hook)
+        self._maybe_add_neighbor_hook(skin)
+        self.step_count = 0
+        self.target_step = 0
+        self.batch: Batch | None = None
+        self.outputs: dict[str, torch.Tensor] = {}
+
+    # ---- hooks --------------------------------------------------------------------------
+    def add_hook(self, hook: DynamicsHook, first: bool = False) -> None:
+        if not isinstance(hook, DynamicsHook):
+            raise InputError(
+                f"{hook!r} is not a dynamics hook: give it a `stage`, an integer `frequency` "
+                "and `__call__(ctx, stage)`"
+            )
+        if int(hook.frequency) < 1:
+            raise InputError(f"hook {type(hook).__name__} has frequency {hook.frequency}; use >= 1")
+        if first:
+            self.hooks.insert(0, hook)
+        else:
+            self.hooks.append(hook)
+
+    def _maybe_add_neighbor_hook(self, skin: float | None) -> None:
+        from mlipdd.dynamics.hooks.neighbor_list import NeighborListHook
+
+        cutoff = getattr(self.model, "cutoff", None)
+        if skin is None or cutoff is None:
+            return
+        if any(isinstance(h, NeighborListHook) for h in self.hooks):
+            return
+        from mlipdd.neighbors import NeighborListPolicy
+
+        self.add_hook(
+            NeighborListHook(NeighborListPolicy(float(cutoff), skin=float(skin))), first=True
+        )
+
+    def fire(self, stage: DynamicsStage) -> None:
+        ctx = None
+        for hook in self.hooks:
+            if stage not in hook_stages(hook):
+                continue
+            if stage not in ONCE_PER_RUN and self.step_count % int(hook.frequency) != 0:
+                continue
+            ctx = ctx or HookContext(self.batch, self.step_count, self)
+            hook(ctx, stage)
+
+    # ---- forces -------------------------------------------------------------------------
+    def compute(self) -> dict[str, torch.Tensor]:
+        """Run the model on ``self.batch``; store energy, forces (and stress) on it."""
+        batch = self.batch
+        self.fire(DynamicsStage.BEFORE_COMPUTE)
+        # Forces come from autograd *inside* the wrapper (it enables grad itself); out
+        # here no graph is wanted, so none is kept alive across steps.
+        with torch.no_grad():
+            out = self.model(batch, compute_stress=self.compute_stress)
+        missing = {"energy", "forces"} - set(out)
+        if missing:
+            raise InputError(
+                f"the model returned {sorted(out)} but dynamics needs {sorted(missing)} too; "
+                "check the wrapper's forward"
+            )
+        batch.energy = out["energy"].detach()
+        batch.forces = out["forces"].detach()
+        if "stress" in out:
+            batch.stress = out["stress"].detach()
+        self.outputs = out
+        if self.nan_check_every and self.step_count % self.nan_check_every == 0:
+            self._check_finite_energy()
+        self.fire(DynamicsStage.AFTER_COMPUTE)
+        return out
+
+    def _check_finite_energy(self) -> None:
+        # energy is global (replicated under DD), so every rank raises together
+        if not bool(torch.isfinite(self.batch.energy).all()):
+            raise InputError(
+                f"energy became {self.batch.energy.tolist()} at step {self.step_count}: the "
+                f"system blew up; lower the time step (now {self.dt_fs} fs), check the model "
+                "or relax the starting structure first"
+            )
+
+    # ---- integration --------------------------------------------------------------------
+    def pre_update(self, batch: Batch) -> None:
+        """Everything before the force call: usually half kick + drift."""
+        raise NotImplementedError(f"{type(self).__name__} must implement pre_update")
+
+    def post_update(self, batch: Batch) -> None:
+        """Everything after the force call: usually the second half kick."""
+        raise NotImplementedError(f"{type(self).__name__} must implement post_update")
+
+    def converged(self) -> bool | torch.Tensor:
+        """Optimisers say when to stop (a rank-local answer; `run` reduces it)."""
+        return False
+
+    def step(self) -> None:
+        batch = self.batch
+        self.fire(DynamicsStage.BEFORE_STEP)
+        self.pre_update(batch)
+        self.fire(DynamicsStage.AFTER_POSITIONS)
+        self.compute()
+        self.post_update(batch)
+        self.step_count += 1
+        self.fire(DynamicsStage.AFTER_STEP)
+
+    def setup(self, batch: Batch) -> None:
+        """Validate ``batch``, make it current, evaluate forces if they are not current."""
+        self.check_batch(batch)
+        fresh = batch is not self.batch or batch.forces is None or batch.energy is None
+        self.batch = batch
+        if fresh:
+            self.compute()
+
+    def run(self, batch: Batch, n_steps: int) -> Batch:
+        """Advance ``batch`` by ``n_steps`` steps in place; returns it.
+
+        Forces are evaluated first unless ``batch`` is the one the last `run` left
+        (so consecutive runs continue exactly).
+        """
+        n_steps = int(n_steps)
+        if n_steps < 0:
+            raise InputError(f"n_steps must be >= 0, got {n_steps}")
+        self.setup(batch)
+        self.target_step = self.step_count + n_steps
+        self.fire(DynamicsStage.BEFORE_RUN)
+        checks_convergence = type(self).converged is not BaseDynamics.converged
+        for _ in range(n_steps):
+            self.step()
+            if checks_convergence and self.reduce.any(bool(self.converged())):
+                self.fire(DynamicsStage.ON_CONVERGE)
+                break
+        self.fire(DynamicsStage.AFTER_RUN)
+        return batch
+
+    def check_batch(self, batch: Batch) -> None:
+        if not isinstance(batch, Batch):
+            raise InputError(
+                f"dynamics runs on an mlipdd Batch, got {type(batch).__name__}; "
+                "build one with Batch.from_ase(atoms) or AtomicData(...)"
+            )
+        if batch.atomic_masses is None:
+            raise InputError(
+                "the batch has no atomic_masses; pass atomic_masses= to AtomicData "
+                "or leave it out there to get standard masses"
+            )
+        if "velocities" in self.required_fields and batch.velocities is None:
+            raise InputError(
+                f"{type(self).__name__} needs velocities but the batch has none; attach them "
+                'with data.add_node_property("velocities", v) (Angstrom per ASE time unit, as '
+                "Atoms.get_velocities()) or draw them with "
+                "mlipdd.dynamics.initialize_velocities(batch, temperature, seed)"
+            )
+        batch.validate(require=self.required_fields)
+        supported = _supported_dtypes(self.model)
+        if supported and batch.dtype not in supported:
+            raise InputError(
+                f"the model supports {list(supported)} but the batch is {batch.dtype}; convert "
+                f"with batch.to(dtype={supported[0]})"
+            )
+
+    # ---- global quantities (every one goes through self.reduce) -------------------------
+    def kinetic_energy(self) -> torch.Tensor:
+        return _reduce.kinetic_energy(self.batch, self.reduce)
+
+    def potential_energy(self) -> torch.Tensor:
+        return self.batch.energy
+
+    def temperature(self) -> torch.Tensor:
+        return _reduce.temperature(self.batch, self.reduce, self.removed_dof_per_system)
+
+    def conserved_energy(self) -> torch.Tensor:
+        """The quantity this integrator conserves (NVE: total energy); per system, eV."""
+        return self.potential_energy() + self.kinetic_energy()
+
+    def num_atoms(self) -> int:
+        return int(_reduce.atoms_per_system(self.batch, self.reduce).sum())
+
+
+def _supported_dtypes(model) -> Sequence[Any]:
+    config = getattr(model, "model_config", None)
+    return tuple(getattr(config, "supported_dtypes", ()) or ())

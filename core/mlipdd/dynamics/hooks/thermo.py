@@ -1,0 +1,95 @@
+"""Thermodynamic log: step, time, potential / kinetic / total energy, temperature."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import IO
+
+from mlipdd.dynamics.base import DynamicsStage
+
+_LOGGER = logging.getLogger("mlipdd.dynamics")
+
+COLUMNS = ("step", "time_ps", "system", "epot", "ekin", "etot", "econs", "temperature")
+_HEADER = (
+    f"{'step':>8} {'time[ps]':>10} {'sys':>3} {'Epot[eV]':>15} {'Ekin[eV]':>13} "
+    f"{'Etot[eV]':>15} {'Econs[eV]':>15} {'T[K]':>9}"
+)
+
+
+class ThermoLogger:
+    """Log every ``frequency`` steps (and the starting state) to ``output``.
+
+    ``output`` is a `logging.Logger` (default: "mlipdd.dynamics" at INFO), a path
+    (appended to, flushed every line) or an open text stream. One line per system.
+    ``Econs`` is the integrator's conserved quantity (NVE: Etot; Langevin: Etot + the
+    heat given to the bath). Every record is also kept in ``records`` (dicts keyed by
+    `COLUMNS`), which is how `run_simulation` computes its summary.
+
+    Under domain decomposition every rank computes the (reduced) numbers, because the
+    reductions are collective; only the root rank writes.
+    """
+
+    stage = (DynamicsStage.BEFORE_RUN, DynamicsStage.AFTER_STEP)
+
+    def __init__(
+        self, output: logging.Logger | str | Path | IO[str] | None = None, frequency: int = 10
+    ):
+        self.frequency = int(frequency)
+        self.records: list[dict] = []
+        self._output = output if output is not None else _LOGGER
+        self._file: IO[str] | None = None
+        self._header_written = False
+        self._last_step: int | None = None
+
+    def __call__(self, ctx, stage) -> None:
+        if ctx.step == self._last_step:  # BEFORE_RUN of a continued run repeats a step
+            return
+        self._last_step = ctx.step
+        dyn = ctx.dynamics
+        epot = dyn.potential_energy().detach().double().cpu()
+        ekin = dyn.kinetic_energy().detach().double().cpu()
+        econs = dyn.conserved_energy().detach().double().cpu()
+        temp = dyn.temperature().detach().double().cpu()
+        lines = []
+        for s in range(epot.shape[0]):
+            rec = {
+                "step": ctx.step,
+                "time_ps": ctx.time_fs / 1000.0,
+                "system": s,
+                "epot": float(epot[s]),
+                "ekin": float(ekin[s]),
+                "etot": float(epot[s] + ekin[s]),
+                "econs": float(econs[s]),
+                "temperature": float(temp[s]),
+            }
+            self.records.append(rec)
+            lines.append(
+                f"{rec['step']:8d} {rec['time_ps']:10.4f} {s:3d} {rec['epot']:15.6f} "
+                f"{rec['ekin']:13.6f} {rec['etot']:15.6f} {rec['econs']:15.6f} {rec['temperature']:9.2f}"
+            )
+        if dyn.reduce.is_root:
+            self._write(lines)
+
+    def _write(self, lines: list[str]) -> None:
+        if not self._header_written:
+            lines = [_HEADER, *lines]
+            self._header_written = True
+        out = self._output
+        if isinstance(out, logging.Logger):
+            for line in lines:
+                out.info(line)
+            return
+        if isinstance(out, (str, Path)):
+            if self._file is None:
+                self._file = open(out, "a", encoding="utf-8")  # noqa: SIM115 - kept open across steps
+            stream = self._file
+        else:
+            stream = out
+        stream.write("\n".join(lines) + "\n")
+        stream.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

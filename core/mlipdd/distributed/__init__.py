@@ -1,0 +1,15 @@
+"""The distributed runtime: process groups, configuration, DistributedModel."""
+
+from mlipdd.distributed.config import DomainConfig, StrategyKind
+from mlipdd.distributed.errors import DistributedInputError, RemoteRankError
+from mlipdd.distributed.manager import DistributedManager
+from mlipdd.distributed.model import DistributedModel
+
+__all__ = [
+    "DistributedInputError",
+    "DistributedManager",
+    "DistributedModel",
+    "DomainConfig",
+    "RemoteRankError",
+    "StrategyKind",
+]

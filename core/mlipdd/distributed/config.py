@@ -1,0 +1,43 @@
+"""Configuration of a domain-decomposed run."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from mlipdd.data import InputError
+
+
+class StrategyKind(str, enum.Enum):
+    HALO = "halo"  # spatial subdomains + ghost shell (short-range MPNNs, pair potentials)
+    SHARDED = "sharded"  # owned rows only, cross-rank reads routed to owners
+    GRAPH_PARTITION = "graph_partition"  # replicated positions, node partition
+
+
+@dataclass
+class DomainConfig:
+    """``cutoff``: the model's interaction cutoff; ``skin``: Verlet skin (the halo is
+    ``cutoff + skin`` wide and is rebuilt when an atom has moved ``skin / 2``);
+    ``grid``: rank grid ``(gx, gy, gz)`` or None to choose the one with least halo."""
+
+    cutoff: float
+    skin: float = 0.5
+    strategy: StrategyKind = StrategyKind.HALO
+    grid: tuple[int, int, int] | None = None
+    dtype: torch.dtype | None = None
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        self.strategy = StrategyKind(self.strategy)
+        if not self.cutoff > 0:
+            raise InputError(f"DomainConfig.cutoff must be positive, got {self.cutoff}; use the model's cutoff")
+        if self.skin < 0:
+            raise InputError(f"DomainConfig.skin must be >= 0, got {self.skin}")
+        if self.grid is not None and (len(self.grid) != 3 or min(self.grid) < 1):
+            raise InputError(f"DomainConfig.grid must be three positive integers, got {self.grid}")
+
+    @property
+    def halo_width(self) -> float:
+        return self.cutoff + self.skin

@@ -1,0 +1,79 @@
+"""Process-group lifecycle: from torchrun / SLURM environment or explicit arguments."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def _env_int(*names: str, default: int | None = None) -> int | None:
+    for name in names:
+        if os.environ.get(name):
+            return int(os.environ[name])
+    return default
+
+
+def _slurm_master() -> str:
+    nodes = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or "localhost"
+    # first host of a list such as "gpu[012-015],gpu020" -> gpu012
+    head = nodes.split(",")[0]
+    if "[" in head:
+        prefix, rest = head.split("[", 1)
+        head = prefix + rest.split("-")[0].split(",")[0].rstrip("]")
+    return head
+
+
+class DistributedManager:
+    """Owns (or adopts) the default process group and picks this rank's device.
+
+    NCCL when CUDA is used, gloo on CPU. A group created here is destroyed by
+    `cleanup`; one that already existed (made by the caller) is left alone.
+    """
+
+    def __init__(self, backend: str | None = None, device: str | torch.device | None = None,
+                 rank: int | None = None, world_size: int | None = None,
+                 timeout_s: float = 600.0):
+        self._owns_group = False
+        if not dist.is_initialized():
+            rank = rank if rank is not None else _env_int("RANK", "SLURM_PROCID", default=0)
+            world_size = world_size if world_size is not None else _env_int("WORLD_SIZE", "SLURM_NTASKS", default=1)
+            os.environ.setdefault("MASTER_ADDR", _slurm_master() if "SLURM_PROCID" in os.environ else "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", "29531" if "SLURM_JOB_ID" in os.environ else str(_free_port()) if world_size == 1 else "29500")
+            use_cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
+            backend = backend or ("nccl" if use_cuda else "gloo")
+            dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+            self._owns_group = True
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.backend = dist.get_backend()
+        self.local_rank = _env_int("LOCAL_RANK", "SLURM_LOCALID", default=self.rank % max(1, torch.cuda.device_count() or 1))
+        if device is None:
+            device = f"cuda:{self.local_rank % torch.cuda.device_count()}" if self.backend == "nccl" else "cpu"
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+
+    @property
+    def group(self):
+        return dist.group.WORLD
+
+    def cleanup(self) -> None:
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_group = False
+
+    def __enter__(self) -> "DistributedManager":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cleanup()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,186 @@
+"""Dispatch handlers for halo storage: scatters, per-system reductions, sums, gathers.
+
+Each handler receives ``(func, meta, args, kwargs)`` and computes on plain tensors
+(`local`), so nothing in here re-enters the dispatch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mlipdd.shard.exchange import all_reduce_sum, halo_correct
+from mlipdd.shard.registry import register
+from mlipdd.shard.tensor import ShardMeta, ShardTensor, local, poison
+
+
+@dataclass
+class ScatterCall:
+    """One scatter-like call, normalised: ``target`` receives ``src`` rows at ``index``."""
+
+    name: str
+    target: torch.Tensor
+    dim: int
+    index: torch.Tensor
+    src: torch.Tensor
+    inplace: bool
+    alpha: object = 1
+    reduce: str = "sum"
+    include_self: bool = True
+
+    def scatter_into(self, base: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        """The same scatter, out of place, on plain tensors."""
+        if self.name.startswith("index_add"):
+            return base.index_add(self.dim, index, src, alpha=self.alpha)
+        if self.name.startswith("scatter_reduce"):
+            return base.scatter_reduce(self.dim, index, src, "sum", include_self=True)
+        return base.scatter_add(self.dim, index, src)
+
+
+def _parse(func, args, kwargs) -> ScatterCall:
+    name = func.__name__
+    names = ["target", "dim", "index", "src"]
+    values = dict(zip(names, args))
+    for key, alias in (("target", "input"), ("src", "source"), ("target", "self")):
+        if alias in kwargs:
+            values[key] = kwargs[alias]
+    for key in names:
+        if key in kwargs:
+            values[key] = kwargs[key]
+    if "scatter_reduce" in name:
+        reduce = args[4] if len(args) > 4 else kwargs.get("reduce")
+        if reduce != "sum" and reduce != "add":
+            raise NotImplementedError(
+                f"scatter_reduce(reduce={reduce!r}) on a ShardTensor: only 'sum' has a halo rule; "
+                "give the model an OpAdapter for this reduction or use scatter_add"
+            )
+        if not kwargs.get("include_self", True):
+            raise NotImplementedError(
+                "scatter_reduce(include_self=False) on a ShardTensor has no halo rule; "
+                "scatter into a zero tensor with include_self=True instead"
+            )
+    dim = values["dim"]
+    target = values["target"]
+    dim = dim + target.dim() if dim < 0 else dim
+    return ScatterCall(
+        name=name,
+        target=target,
+        dim=dim,
+        index=values["index"],
+        src=values["src"],
+        inplace=name.endswith("_"),
+        alpha=kwargs.get("alpha", 1),
+    )
+
+
+SCATTER_OPS = (
+    torch.Tensor.scatter_add,
+    torch.Tensor.scatter_add_,
+    torch.scatter_add,
+    torch.Tensor.index_add,
+    torch.Tensor.index_add_,
+    torch.index_add,
+    torch.Tensor.scatter_reduce,
+    torch.Tensor.scatter_reduce_,
+    torch.scatter_reduce,
+)
+
+
+def _target_rows(args, kwargs) -> tuple[int, int]:
+    target = args[0] if args else kwargs.get("input", kwargs.get("self"))
+    dim = args[1] if len(args) > 1 else kwargs["dim"]
+    dim = dim + target.dim() if dim < 0 else dim
+    return dim, target.shape[dim]
+
+
+def _is_node_scatter(meta: ShardMeta, args, kwargs) -> bool:
+    dim, rows = _target_rows(args, kwargs)
+    return dim == 0 and rows == meta.n_padded and meta.scatter_rule == "halo_correction"
+
+
+def _is_system_scatter(meta: ShardMeta, args, kwargs) -> bool:
+    dim, rows = _target_rows(args, kwargs)
+    return dim == 0 and rows == meta.n_systems and meta.system_reductions
+
+
+def _finish(call: ScatterCall, result: torch.Tensor) -> torch.Tensor:
+    if call.inplace:
+        poison(call.target, call.name)
+    return result
+
+
+@register(*SCATTER_OPS, predicate=_is_node_scatter, name="halo_scatter")
+def halo_scatter(func, meta: ShardMeta, args, kwargs):
+    """Scatter into ``[owned | ghost]`` rows: local partials, then reverse + forward exchange."""
+    call = _parse(func, args, kwargs)
+    base = local(call.target)
+    contribution = call.scatter_into(torch.zeros_like(base), local(call.index), local(call.src))
+    out = base + halo_correct(contribution, meta.plan)
+    return _finish(call, ShardTensor.wrap(out, meta))
+
+
+def _counted_rows(meta: ShardMeta, rows: int, what: str) -> slice:
+    kind = meta.row_kind(rows)
+    if kind == "node":
+        return slice(0, meta.n_owned)  # ghost rows mirror other ranks' atoms
+    if kind == "edge":
+        return slice(0, rows)  # every edge lives on exactly one rank
+    raise RuntimeError(
+        f"{what}: cannot tell whether the {rows} rows are atoms ({meta.n_padded} here) or edges "
+        f"({meta.n_edges} here); reduce a per-atom or per-edge tensor, or declare the op in the "
+        "model's spec"
+    )
+
+
+@register(*SCATTER_OPS, predicate=_is_system_scatter, name="per_system_reduce")
+def per_system_reduce(func, meta: ShardMeta, args, kwargs):
+    """Scatter into one slot per system: owned rows locally, then all_reduce (replicated)."""
+    call = _parse(func, args, kwargs)
+    src, index = local(call.src), local(call.index)
+    rows = _counted_rows(meta, src.shape[0], call.name)
+    base = local(call.target)
+    partial = call.scatter_into(torch.zeros_like(base), index[rows], src[rows])
+    return _finish(call, base + all_reduce_sum(partial, meta.group))
+
+
+def _sum_dims(args, kwargs):
+    x = args[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    if dim is None:
+        return None
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    return tuple(d + x.dim() if d < 0 else d for d in dims)
+
+
+def _is_row_sum(meta: ShardMeta, args, kwargs) -> bool:
+    x = args[0] if args else kwargs.get("input")
+    if not isinstance(x, ShardTensor) or x.dim() == 0 or not meta.system_reductions:
+        return False
+    dims = _sum_dims(args, kwargs)
+    return (dims is None or 0 in dims) and meta.row_kind(x.shape[0]) != "other"
+
+
+@register(torch.Tensor.sum, torch.sum, predicate=_is_row_sum, name="global_sum")
+def global_sum(func, meta: ShardMeta, args, kwargs):
+    """A sum over atoms or edges: counted rows locally, then all_reduce (replicated)."""
+    x = local(args[0])
+    rows = _counted_rows(meta, x.shape[0], "sum")
+    rest = {k: v for k, v in kwargs.items() if k != "input"}
+    with torch._C.DisableTorchFunctionSubclass():
+        partial = torch.sum(x[rows], *args[1:], **rest)
+    return all_reduce_sum(partial, meta.group)
+
+
+def _is_halo_read(meta: ShardMeta, args, kwargs) -> bool:
+    x = args[0] if args else None
+    return isinstance(x, ShardTensor) and x.dim() > 0 and x.shape[0] == meta.n_padded
+
+
+@register(torch.Tensor.index_select, torch.index_select, torch.Tensor.__getitem__,
+          predicate=_is_halo_read, name="halo_read")
+def halo_read(func, meta: ShardMeta, args, kwargs):
+    """Reading atom rows: ghost rows are kept current by the scatters, so this stays local."""
+    with torch._C.DisableTorchFunctionSubclass():
+        out = func(*args, **kwargs)
+    return ShardTensor.wrap(out, meta) if isinstance(out, torch.Tensor) else out

@@ -1,0 +1,176 @@
+"""`ShardTensor`: a torch.Tensor subclass whose dispatch performs the cross-rank work.
+
+The data is this rank's rows, plain and zero-copy; the metadata (`ShardMeta`) says
+what the rows are (``[owned | ghost]`` for halo storage), how to exchange them
+(`ExchangePlan`) and which rules the model's spec chose. On every torch op with a
+ShardTensor argument, `__torch_function__` asks the registry for a handler (scatter
+into node rows -> halo correction, per-system scatter -> local sum + all_reduce, ...)
+and otherwise runs the op as usual and re-attaches the metadata to the outputs.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+from mlipdd.shard import registry
+from mlipdd.shard.exchange import ExchangePlan
+
+
+@dataclass(frozen=True)
+class ShardMeta:
+    """What one rank's rows mean; shared by every ShardTensor of one forward pass."""
+
+    plan: ExchangePlan
+    n_systems: int
+    n_edges: int = -1  # rows of edge-shaped tensors (each edge lives on one rank)
+    scatter_rule: str = "halo_correction"  # or "local"
+    gather_rule: str = "halo_read"  # or "local"
+    system_reductions: bool = True
+    group: object = None
+    notes: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def n_owned(self) -> int:
+        return self.plan.n_owned
+
+    @property
+    def n_padded(self) -> int:
+        return self.plan.n_padded
+
+    def row_kind(self, rows: int) -> str:
+        """``node`` ([owned | ghost] rows), ``edge`` (unique rows) or ``other``."""
+        if rows == self.n_padded:
+            return "node"
+        if rows == self.n_edges:
+            return "edge"
+        return "other"
+
+
+class DroppedScatterResultError(RuntimeError):
+    """An in-place scatter's return value was dropped under domain decomposition."""
+
+
+# Accumulators whose in-place scatter was answered with a new tensor (see `poison`),
+# keyed by id (tensor ``==`` is elementwise, so no WeakSet) with a weakref to the object.
+_STALE: dict[int, weakref.ref] = {}
+
+
+def poison(accumulator: torch.Tensor, op_name: str) -> None:
+    """Mark the target of an in-place scatter that the dispatch answered out of place.
+
+    # NOTE [dropped rebind]
+    A cross-rank scatter cannot keep in-place semantics, so the handler returns a new
+    tensor. Code that ignores the return keeps using the old accumulator; we fill it
+    with NaN (a loud, never silently plausible value) and remember it, so its next use
+    next to a ShardTensor raises with the fix.
+    """
+    with torch.no_grad(), torch._C.DisableTorchFunctionSubclass():
+        if accumulator.is_floating_point():
+            accumulator.fill_(float("nan"))
+    key = id(accumulator)
+    _STALE[key] = weakref.ref(accumulator, lambda _: _STALE.pop(key, None))
+    accumulator._mlipdd_dropped_op = op_name
+
+
+def dropped_rebind_message(op_name: str) -> str:
+    return (
+        f"the result of an in-place `{op_name}` was dropped: under domain decomposition the "
+        "cross-rank scatter returns a NEW tensor and the old one is stale. Rebind it: write "
+        f"`x = x.{op_name}(...)` instead of `x.{op_name}(...)` (single-process this is a no-op)."
+    )
+
+
+def _check_stale(args, kwargs) -> None:
+    for a in _iter_tensors(args, kwargs):
+        ref = _STALE.get(id(a))
+        if ref is not None and ref() is a:
+            raise DroppedScatterResultError(dropped_rebind_message(getattr(a, "_mlipdd_dropped_op", "scatter_add_")))
+
+
+def _iter_tensors(args, kwargs):
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (x for x in a if isinstance(x, torch.Tensor))
+
+
+def find_meta(args, kwargs) -> ShardMeta | None:
+    for a in _iter_tensors(args, kwargs):
+        if isinstance(a, ShardTensor):
+            return a._meta
+    return None
+
+
+def local(t):
+    """The plain tensor behind a ShardTensor (same data, same autograd history)."""
+    if isinstance(t, ShardTensor):
+        with torch._C.DisableTorchFunctionSubclass():
+            return t.as_subclass(torch.Tensor)
+    return t
+
+
+def promote(out, meta: ShardMeta):
+    if isinstance(out, ShardTensor):
+        if getattr(out, "_meta", None) is None:
+            out._meta = meta
+        return out
+    if isinstance(out, torch.Tensor):
+        return ShardTensor.wrap(out, meta)
+    if isinstance(out, (tuple, list)):
+        return type(out)(promote(o, meta) for o in out)
+    return out
+
+
+class ShardTensor(torch.Tensor):
+    _meta: ShardMeta
+
+    @staticmethod
+    def wrap(tensor: torch.Tensor, meta: ShardMeta) -> "ShardTensor":
+        """Promote a plain tensor (this rank's rows) to a ShardTensor; zero-copy."""
+        with torch._C.DisableTorchFunctionSubclass():
+            out = tensor.as_subclass(ShardTensor)
+        out._meta = meta
+        return out
+
+    @property
+    def meta(self) -> ShardMeta:
+        return self._meta
+
+    def local(self) -> torch.Tensor:
+        return local(self)
+
+    def owned(self) -> torch.Tensor:
+        """The owned rows as a plain tensor."""
+        return local(self)[: self._meta.n_owned]
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _STALE:
+            _check_stale(args, kwargs)
+        meta = find_meta(args, kwargs)
+        if meta is not None:
+            rule = registry.lookup(func, meta, args, kwargs)
+            if rule is not None:
+                handler, label = rule
+                registry.FIRED[label] += 1
+                return handler(func, meta, args, kwargs)
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        if meta is None or func in _NO_PROMOTE:
+            return out
+        return promote(out, meta)
+
+
+# Results that describe a tensor rather than hold rows of it.
+_NO_PROMOTE = {
+    torch.Tensor.__repr__,
+    torch.Tensor.__format__,
+    torch.Tensor.tolist,
+    torch.Tensor.item,
+    torch.Tensor.numpy,
+}

@@ -1,0 +1,130 @@
+"""The 3-D rank grid of the spatial halo strategy and who owns which point.
+
+Space is split in fractional coordinates, so a triclinic cell is cut along its own
+lattice planes: rank ``(cx, cy, cz)`` owns ``cx/gx <= f_a < (cx+1)/gx`` along a, and
+so on. A length measured perpendicular to the faces (the halo width) becomes the
+fractional width ``w * |column a of inv(cell)|`` (the reciprocal vector's length is
+one over the spacing of the a-planes).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from mlipdd.data import InputError
+
+
+@dataclass(frozen=True)
+class RankGrid:
+    dims: tuple[int, int, int]
+
+    @property
+    def size(self) -> int:
+        return self.dims[0] * self.dims[1] * self.dims[2]
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        gx, gy, gz = self.dims
+        return rank // (gy * gz), (rank // gz) % gy, rank % gz
+
+    def rank_of(self, cells: torch.Tensor) -> torch.Tensor:
+        """Rank of grid cells given as integer coordinates (..., 3)."""
+        gx, gy, gz = self.dims
+        return (cells[..., 0] * gy + cells[..., 1]) * gz + cells[..., 2]
+
+    def owner(self, frac: torch.Tensor) -> torch.Tensor:
+        """Owner rank of points with fractional coordinates in [0, 1)."""
+        dims = torch.tensor(self.dims, device=frac.device)
+        cells = torch.minimum((frac * dims).floor().long(), dims - 1).clamp_min(0)
+        return self.rank_of(cells)
+
+
+def plane_spacings(cell: torch.Tensor) -> torch.Tensor:
+    """Distance between successive lattice planes along each axis, (n_systems, 3)."""
+    return 1.0 / torch.linalg.inv(cell).norm(dim=-2)
+
+
+def choose_grid(cells: torch.Tensor, world_size: int, width: float) -> RankGrid:
+    """The factorisation of ``world_size`` with the least ghost volume per rank.
+
+    Ghost volume ~ prod(h_a / g_a + 2 w) - prod(h_a / g_a) with h_a the plane spacing,
+    summed over systems; ties go to the grid that cuts the longest axes.
+    """
+    spacing = plane_spacings(cells.detach().double().cpu())
+    best = None
+    for dims in _factorisations(world_size):
+        g = torch.tensor(dims, dtype=torch.float64)
+        sub = spacing / g
+        ghost = (torch.prod(sub + 2 * width, dim=-1) - torch.prod(sub, dim=-1)).sum().item()
+        key = (round(ghost, 6), -float((g * spacing.sum(0)).max()))
+        if best is None or key < best[0]:
+            best = (key, dims)
+    return RankGrid(best[1])
+
+
+def _factorisations(n: int):
+    for gx in range(1, n + 1):
+        if n % gx:
+            continue
+        for gy in range(1, n // gx + 1):
+            if (n // gx) % gy:
+                continue
+            yield gx, gy, n // (gx * gy)
+
+
+def check_grid(grid: RankGrid, world_size: int) -> RankGrid:
+    if grid.size != world_size:
+        raise InputError(
+            f"rank grid {grid.dims} has {grid.size} cells but there are {world_size} ranks; "
+            "give a grid whose product equals the number of ranks, or leave it out (auto)"
+        )
+    return grid
+
+
+def image_range(frac_width: torch.Tensor) -> int:
+    """How many cell images each way a halo of this fractional width can reach."""
+    return max(1, int(math.ceil(float(frac_width.max())))) if frac_width.numel() else 1
+
+
+def halo_targets(frac: torch.Tensor, frac_width: torch.Tensor, periodic: torch.Tensor,
+                 grid: RankGrid) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every (atom, image shift, rank) whose image lies in the rank's extended domain.
+
+    ``frac`` (n, 3) wrapped fractional coordinates, ``frac_width`` (n, 3) the halo
+    width of each atom's system in fractional units, ``periodic`` (n, 3). Returns
+    ``atom`` (m,), ``shift`` (m, 3) integer image shifts and ``rank`` (m,); the atom's
+    own place (shift 0 in its own cell) is included and filtered by the caller.
+    """
+    n = frac.shape[0]
+    device = frac.device
+    per_axis = []
+    for a in range(3):
+        g = grid.dims[a]
+        k = image_range(frac_width[:, a]) if bool(periodic[:, a].any()) else 0
+        shifts = torch.arange(-k, k + 1, device=device)
+        cells = torch.arange(g, device=device)
+        s, c = torch.meshgrid(shifts, cells, indexing="ij")
+        s, c = s.reshape(-1), c.reshape(-1)
+        u = frac[:, a : a + 1] + s  # (n, options)
+        w = frac_width[:, a : a + 1]
+        inside = (u >= c / g - w) & (u < (c + 1) / g + w)
+        inside &= periodic[:, a : a + 1] | (s == 0)
+        per_axis.append((inside, s, c))
+    # Combine the axes one at a time to keep the candidate set small.
+    atom = torch.arange(n, device=device)
+    shift = torch.zeros((n, 0), dtype=torch.long, device=device)
+    cell = torch.zeros((n, 0), dtype=torch.long, device=device)
+    for inside, s, c in per_axis:
+        rows, opt = torch.nonzero(inside[atom], as_tuple=True)
+        atom = atom[rows]
+        shift = torch.cat([shift[rows], s[opt, None]], dim=1)
+        cell = torch.cat([cell[rows], c[opt, None]], dim=1)
+    return atom, shift, grid.rank_of(cell)
+
+
+def all_grids(world_size: int):
+    """Every rank grid for ``world_size`` ranks (for tests and property checks)."""
+    return [RankGrid(d) for d in _factorisations(world_size)]
+

@@ -1,0 +1,229 @@
+"""Spatial halo strategy: ownership, migration, the halo plan and the padded batch.
+
+One rebuild (when the Verlet skin is used up, or the cell changed):
+
+1. owned atoms that left their subdomain move to their new owner (`migrate`);
+2. each rank lists, for each of its owned atoms, every (image shift, rank) whose
+   extended subdomain (the subdomain grown by cutoff + skin perpendicular to its
+   faces) contains that image: this covers a rank's own images and shells wider than
+   a neighbouring subdomain;
+3. counts and static ghost data (atomic number, id, system, shift) travel once over
+   ``all_to_all_single``; the result is an `ExchangePlan` reused until the next rebuild;
+4. the local neighbour list is built on ``[owned | ghost]`` positions with open
+   boundaries, keeping only edges whose receiver is owned.
+
+Between rebuilds only ghost positions are refreshed (`pad`), once per force call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from mlipdd.data import Batch, InputError, fractional
+from mlipdd.neighbors import NeighborList, build_neighbor_list
+from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows, pad
+from mlipdd.strategy.grid import RankGrid, check_grid, choose_grid, halo_targets, plane_spacings
+
+
+@dataclass
+class HaloState:
+    """Everything fixed between two rebuilds."""
+
+    plan: ExchangePlan
+    ghost_numbers: torch.Tensor
+    ghost_ids: torch.Tensor
+    ghost_system: torch.Tensor
+    ghost_unit_shift: torch.Tensor  # (n_ghost, 3) float, image shift in cell vectors
+    neighbors: NeighborList  # over padded rows, owned receivers only
+    reference_padded: torch.Tensor  # padded positions at build time
+    reference_cell: torch.Tensor
+    atom_ids: torch.Tensor  # owned ids at build time
+
+
+class HaloStrategy:
+    def __init__(self, width: float, grid: tuple[int, int, int] | None, group=None):
+        self.width = float(width)
+        self.requested_grid = grid
+        self.group = group
+        self.grid: RankGrid | None = None
+        self.state: HaloState | None = None
+        self.rebuilds = 0
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank(self.group) if dist.is_initialized() else 0
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size(self.group) if dist.is_initialized() else 1
+
+    def grid_for(self, cell: torch.Tensor) -> RankGrid:
+        if self.grid is None:
+            if self.requested_grid is not None:
+                self.grid = check_grid(RankGrid(tuple(self.requested_grid)), self.world_size)
+            else:
+                self.grid = choose_grid(cell, self.world_size, self.width)
+        return self.grid
+
+    # ---- ownership ------------------------------------------------------------------
+    def owners(self, batch: Batch) -> torch.Tensor:
+        grid = self.grid_for(batch.cell)
+        frac = wrapped_fractional(batch)
+        return grid.owner(frac)
+
+    def partition(self, full: Batch | None, device=None) -> Batch:
+        """Rank 0's full batch -> this rank's owned batch (atoms sorted by system)."""
+        parts = None
+        if self.rank == 0:
+            if full is None:
+                raise InputError("partition() needs the full system on rank 0; got None there")
+            full = full.clone()
+            check_domain_inputs(full)
+            wrap_positions(full)
+            owner = self.owners(full)
+            parts = [full.select_atoms(owner == r).to("cpu") for r in range(self.world_size)]
+        parts = _scatter_objects(parts, self.group, self.world_size)
+        owned = parts.to(device) if device is not None else parts
+        self.grid_for(owned.cell)
+        self.state = None
+        return owned
+
+    def migrate(self, batch: Batch) -> None:
+        """Send owned atoms that left the subdomain to their owner; updates ``batch`` in place."""
+        wrap_positions(batch)
+        owner = self.owners(batch)
+        order = torch.argsort(owner, stable=True)
+        counts = torch.bincount(owner, minlength=self.world_size)
+        recv_counts = _exchange_counts(counts, self.group)
+        moved = {}
+        for name, value in batch.node.items():
+            rows = value.index_select(0, order)
+            moved[name] = all_to_all_rows(rows, counts.tolist(), recv_counts, self.group)
+        # keep owned atoms grouped by system, then by id: a deterministic layout
+        key = moved["batch"] * (int(moved["atom_ids"].max()) + 1 if moved["atom_ids"].numel() else 1)
+        order = torch.argsort(key + moved["atom_ids"], stable=True)
+        batch.node.clear()
+        batch.node.update({k: v.index_select(0, order) for k, v in moved.items()})
+
+    # ---- the halo ---------------------------------------------------------------------
+    def build(self, batch: Batch, nl_cutoff: float) -> HaloState:
+        grid = self.grid_for(batch.cell)
+        positions = batch.positions.detach()
+        frac = fractional(batch)
+        cell = batch.cell.detach()
+        frac_width = self.width / plane_spacings(cell)  # (n_systems, 3)
+        sys = batch.batch
+        atom, shift, rank = halo_targets(frac, frac_width[sys], batch.pbc[sys], grid)
+        keep = (rank != self.rank) | (shift != 0).any(dim=1)  # not the atom itself
+        atom, shift, rank = atom[keep], shift[keep], rank[keep]
+        order = torch.argsort(rank, stable=True)
+        atom, shift, rank = atom[order], shift[order], rank[order]
+        send_counts = torch.bincount(rank, minlength=self.world_size)
+        recv_counts = _exchange_counts(send_counts, self.group)
+        static = torch.cat(
+            [torch.stack([batch.atomic_numbers[atom], batch.atom_ids[atom], sys[atom]], 1), shift], 1
+        )
+        ghost = all_to_all_rows(static, send_counts.tolist(), recv_counts, self.group)
+        plan = ExchangePlan(
+            send_index=atom,
+            send_counts=tuple(send_counts.tolist()),
+            recv_counts=tuple(recv_counts),
+            n_owned=batch.num_atoms,
+            group=self.group,
+        )
+        state = HaloState(
+            plan=plan,
+            ghost_numbers=ghost[:, 0],
+            ghost_ids=ghost[:, 1],
+            ghost_system=ghost[:, 2],
+            ghost_unit_shift=ghost[:, 3:].to(positions.dtype),
+            neighbors=None,  # set below, needs padded positions
+            reference_padded=None,
+            reference_cell=cell.clone(),
+            atom_ids=batch.atom_ids.clone(),
+        )
+        padded = self.padded_positions(positions, cell, state).detach()
+        state.reference_padded = padded
+        state.neighbors = local_neighbors(padded, batch, state, nl_cutoff)
+        self.state = state
+        self.rebuilds += 1
+        return state
+
+    def padded_positions(self, owned: torch.Tensor, cell: torch.Tensor, state: HaloState) -> torch.Tensor:
+        shift = torch.einsum("gi,gij->gj", state.ghost_unit_shift, cell.detach()[state.ghost_system])
+        return pad(owned, state.plan, shift)
+
+    def needs_rebuild(self, batch: Batch, skin: float) -> bool:
+        """Rank-local answer; reduced across ranks by the caller."""
+        state = self.state
+        if state is None or batch.num_atoms != state.plan.n_owned:
+            return True
+        if not torch.equal(batch.atom_ids, state.atom_ids) or not torch.equal(batch.cell.detach(), state.reference_cell):
+            return True
+        if batch.num_atoms == 0:
+            return False
+        moved = (batch.positions.detach() - state.reference_padded[: batch.num_atoms]).norm(dim=1).max()
+        return bool(moved > 0.5 * skin)
+
+
+def local_neighbors(padded: torch.Tensor, batch: Batch, state: HaloState, cutoff: float) -> NeighborList:
+    """Open-boundary list over [owned | ghost] (ghosts sit at their images); owned receivers only."""
+    system = torch.cat([batch.batch, state.ghost_system])
+    view = Batch._from_dicts(
+        {"positions": padded, "batch": system, "atom_ids": torch.arange(padded.shape[0])},
+        {"cell": torch.zeros_like(batch.cell), "pbc": torch.zeros_like(batch.pbc)},
+    )
+    neighbors = build_neighbor_list(view, cutoff)
+    return neighbors.select(neighbors.receivers < batch.num_atoms)
+
+
+def wrapped_fractional(batch: Batch) -> torch.Tensor:
+    frac = fractional(batch).detach()
+    periodic = batch.pbc[batch.batch]
+    return torch.where(periodic, frac - frac.floor(), frac)
+
+
+def wrap_positions(batch: Batch) -> None:
+    """Move atoms into the cell along periodic axes, counting the crossings in ``image``."""
+    frac = fractional(batch).detach()
+    periodic = batch.pbc[batch.batch]
+    jump = torch.where(periodic, frac.floor(), torch.zeros_like(frac))
+    if bool((jump != 0).any()):
+        cell = batch.cell.detach()[batch.batch]
+        batch.node["positions"] = batch.positions - torch.einsum("ni,nij->nj", jump, cell)
+    image = batch.node.get("image")
+    batch.node["image"] = (jump.long() if image is None else image + jump.long())
+
+
+def check_domain_inputs(batch: Batch) -> None:
+    """What spatial decomposition needs beyond a valid batch: a box on every axis."""
+    batch.validate()
+    for s in range(batch.num_systems):
+        lengths = batch.cell[s].norm(dim=1)
+        if bool((lengths == 0).any()):
+            raise InputError(
+                f"system {s} has a zero cell vector; spatial decomposition splits the cell, so give "
+                "a box on every axis (for a cluster or slab: a box with vacuum and pbc False there)"
+            )
+    from mlipdd.data import check_inside_box
+
+    check_inside_box(batch)
+
+
+def _exchange_counts(send_counts: torch.Tensor, group) -> tuple[int, ...]:
+    if send_counts.numel() == 1:
+        return tuple(send_counts.tolist())
+    recv = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv, send_counts.contiguous(), group=group)
+    return tuple(recv.tolist())
+
+
+def _scatter_objects(parts, group, world_size):
+    if world_size == 1:
+        return parts[0]
+    out = [None]
+    dist.scatter_object_list(out, parts, src=0, group=group)
+    return out[0]

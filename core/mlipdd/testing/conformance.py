@@ -1,0 +1,83 @@
+"""Single process vs spawned ranks: the checks every model plugin runs on its own model.
+
+``check_conformance(model_factory, batch, world_size)`` computes the reference in this
+process, runs `DistributedModel` on ``world_size`` spawned gloo ranks, puts the owned
+forces back in global atom order and compares energy, forces and stress.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from mlipdd.data import Batch
+from mlipdd.testing.spawn import run_ranks
+
+
+@dataclass
+class ConformanceResult:
+    world_size: int
+    reference: dict
+    distributed: dict
+    rel_diff: dict = field(default_factory=dict)
+    abs_diff: dict = field(default_factory=dict)
+
+    def assert_close(self, energy: float = 1e-12, forces: float = 1e-10, stress: float = 1e-10) -> None:
+        limits = {"energy": energy, "forces": forces, "stress": stress}
+        bad = {k: v for k, v in self.rel_diff.items() if k in limits and not v <= limits[k]}
+        assert not bad, f"{self.world_size} ranks differ from one process: {bad} (limits {limits})"
+
+
+def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    scale = max(float(b.abs().max()), 1e-300) if b.numel() else 1.0
+    return float((a - b).abs().max()) / scale if a.numel() else 0.0
+
+
+def distributed_outputs(rank, world_size, model_factory, batch, config_kwargs, compute_stress, spec=None):
+    """Worker: partition ``batch`` from rank 0, one distributed forward, owned results."""
+    from mlipdd.distributed import DistributedModel, DomainConfig
+
+    model = model_factory()
+    config = DomainConfig(**{"cutoff": model.cutoff, **config_kwargs})
+    dm = DistributedModel(model, config, spec=spec)
+    owned = dm.partition(batch if rank == 0 else None)
+    out = dm(owned, compute_stress=compute_stress)
+    return {
+        "atom_ids": owned.atom_ids,
+        "energy": out["energy"],
+        "forces": out["forces"],
+        "stress": out.get("stress"),
+        "grid": dm.strategy.grid.dims,
+        "n_ghost": dm.strategy.state.plan.n_ghost,
+    }
+
+
+def gather_by_id(parts: list[dict], key: str, n_atoms: int) -> torch.Tensor:
+    first = parts[0][key]
+    out = first.new_full((n_atoms, *first.shape[1:]), float("nan"))
+    for p in parts:
+        out[p["atom_ids"]] = p[key]
+    return out
+
+
+def check_conformance(model_factory: Callable, batch: Batch, world_size: int, compute_stress: bool = True,
+                      config_kwargs: dict | None = None, spec=None, timeout: float = 300.0) -> ConformanceResult:
+    model = model_factory()
+    reference = model(batch.clone(), compute_stress=compute_stress)
+    reference = {k: v.detach() for k, v in reference.items() if torch.is_tensor(v)}
+    parts = run_ranks(distributed_outputs, world_size, model_factory, batch, config_kwargs or {},
+                      compute_stress, spec, timeout=timeout)
+    ids = torch.cat([p["atom_ids"] for p in parts])
+    assert torch.equal(ids.sort().values, batch.atom_ids.sort().values), "atoms lost or duplicated"
+    dist_out = {"energy": parts[0]["energy"], "forces": gather_by_id(parts, "forces", batch.num_atoms)}
+    if compute_stress:
+        dist_out["stress"] = parts[0]["stress"]
+    for p in parts[1:]:  # replicated outputs must agree bit-for-bit-ish across ranks
+        assert relative_difference(p["energy"], dist_out["energy"]) < 1e-14
+    result = ConformanceResult(world_size, reference, dist_out)
+    for key, value in dist_out.items():
+        result.rel_diff[key] = relative_difference(value, reference[key])
+        result.abs_diff[key] = float((value - reference[key]).abs().max())
+    return result

@@ -1,0 +1,119 @@
+"""Run a function on W real ranks (separate processes, gloo on CPU) and collect results.
+
+Ranks come from a forkserver that has imported torch once, so a rank starts in a
+fraction of a second and never inherits an OpenMP pool from the parent. A rank that
+raises reports its traceback; the call raises `RankFailure` with every message. A run
+that outlives ``timeout`` is killed and reported, never left hanging.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import os
+import queue
+import socket
+import traceback
+from typing import Any, Callable
+
+_CTX = None
+
+
+class RankFailure(RuntimeError):
+    def __init__(self, failures: dict[int, str]):
+        self.failures = failures
+        text = "\n".join(f"--- rank {r} ---\n{msg}" for r, msg in sorted(failures.items()))
+        super().__init__(f"{len(failures)} rank(s) failed:\n{text}")
+
+
+def _context():
+    global _CTX
+    if _CTX is None:
+        _CTX = mp.get_context("forkserver")
+        _CTX.set_forkserver_preload(["torch", "mlipdd.shard", "mlipdd.distributed.model"])
+    return _CTX
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world_size, port, fn, args, kwargs, results, backend, threads):
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+        WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS=str(threads),
+    )
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    try:
+        dist.init_process_group(backend, rank=rank, world_size=world_size)
+        out = fn(rank, world_size, *args, **kwargs)
+        buffer = io.BytesIO()  # plain bytes: torch's queue pickling shares memory the rank frees on exit
+        torch.save(_to_cpu(out), buffer)
+        results.put((rank, True, buffer.getvalue()))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _to_cpu(obj):
+    import torch
+
+    if torch.is_tensor(obj):
+        return obj.detach().cpu().clone().as_subclass(torch.Tensor)
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+def _load(payload: bytes):
+    import torch
+
+    return torch.load(io.BytesIO(payload), weights_only=False)
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *args, timeout: float = 300.0,
+              backend: str = "gloo", threads: int = 1, **kwargs) -> list[Any]:
+    """``fn(rank, world_size, *args, **kwargs)`` on each rank; returns results by rank."""
+    ctx = _context()
+    results = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, kwargs, results, backend, threads))
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    collected: dict[int, Any] = {}
+    failures: dict[int, str] = {}
+    try:
+        while len(collected) + len(failures) < world_size:
+            try:
+                rank, ok, payload = results.get(timeout=timeout)
+            except queue.Empty:
+                missing = sorted(set(range(world_size)) - set(collected) - set(failures))
+                failures.update({r: f"no result within {timeout:.0f} s (hung or crashed)" for r in missing})
+                break
+            if ok:
+                collected[rank] = _load(payload)
+            else:
+                failures[rank] = payload
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    if failures:
+        raise RankFailure(failures)
+    return [collected[r] for r in range(world_size)]

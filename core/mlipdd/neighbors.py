@@ -70,10 +70,13 @@ class NeighborList:
 
         Differentiable with respect to ``cell`` (n_systems, 3, 3).
         """
+        unit_shifts = self.unit_shifts.to(cell.dtype)
+        if cell.shape[0] == 1:  # one system: a plain (E, 3) @ (3, 3), far cheaper than a bmm
+            return unit_shifts @ cell[0]
         if self.num_edges == 0:
-            return self.unit_shifts.new_zeros((0, 3)).to(cell.dtype)
+            return unit_shifts.new_zeros((0, 3))
         edge_cells = cell.index_select(0, self.edge_system(batch_index))
-        return torch.einsum("ei,eij->ej", self.unit_shifts.to(cell.dtype), edge_cells)
+        return torch.einsum("ei,eij->ej", unit_shifts, edge_cells)
 
     def edge_vectors(
         self, positions: torch.Tensor, cell: torch.Tensor, batch_index: torch.Tensor
@@ -146,7 +149,9 @@ def build_neighbor_list(batch: Batch, cutoff: float, full_list: bool = True) -> 
             pair = rows[pair]
         edges.append(pair)
         shifts.append(unit.to(device=device, dtype=torch.long))
-    if edges:
+    if len(edges) == 1:
+        edge_index, unit_shifts = edges[0], shifts[0]
+    elif edges:
         edge_index, unit_shifts = torch.cat(edges, dim=1), torch.cat(shifts)
     else:
         edge_index = torch.zeros((2, 0), dtype=torch.long, device=device)
@@ -246,15 +251,25 @@ def _check_periodic_cell(cell: torch.Tensor, pbc: torch.Tensor, system: int) -> 
 
 
 def _sorted_edges(edge_index: torch.Tensor, unit_shifts: torch.Tensor, num_atoms: int):
-    """Sort by (receiver, sender, shift) with two stable sorts: shift key, then pair key."""
+    """Sort by (receiver, sender, shift).
+
+    (i, j, shift) is unique per edge, so one sort of a packed int64 key gives a total
+    order; two stable sorts do the same when the key would overflow.
+    """
     if edge_index.shape[1] == 0:
         return edge_index, unit_shifts
     low = unit_shifts.min(dim=0).values
-    span = unit_shifts.max(dim=0).values - low + 1
-    code = unit_shifts - low
-    shift_key = (code[:, 0] * span[1] + code[:, 1]) * span[2] + code[:, 2]
-    order = torch.sort(shift_key, stable=True).indices
-    sender, receiver = edge_index[0].index_select(0, order), edge_index[1].index_select(0, order)
-    pair_key = receiver * max(num_atoms, 1) + sender
-    order = order.index_select(0, torch.sort(pair_key, stable=True).indices)
-    return edge_index[:, order], unit_shifts.index_select(0, order)
+    span = (unit_shifts.max(dim=0).values - low + 1).tolist()
+    weights = torch.tensor([span[1] * span[2], span[2], 1], device=unit_shifts.device)
+    shift_key = ((unit_shifts - low) * weights).sum(dim=1)
+    n = max(num_atoms, 1)
+    pair_key = edge_index[1] * n + edge_index[0]
+    num_shift_keys = span[0] * span[1] * span[2]
+    if n * n * num_shift_keys < 2**62:
+        order = torch.sort(pair_key * num_shift_keys + shift_key).indices
+    else:
+        order = torch.sort(shift_key, stable=True).indices
+        order = order.index_select(
+            0, torch.sort(pair_key.index_select(0, order), stable=True).indices
+        )
+    return edge_index.index_select(1, order), unit_shifts.index_select(0, order)

@@ -64,8 +64,13 @@ class LennardJones(ModelWrapper):
         else:
             pair_sigma = torch.sqrt(sigma_table[:, None] * sigma_table[None, :])
         pair_eps = torch.sqrt(eps_table[:, None] * eps_table[None, :])
-        self.register_buffer("pair_epsilon", pair_eps)
-        self.register_buffer("pair_sigma", pair_sigma)
+        # flattened so one index_select by (z_sender * 119 + z_receiver) finds a pair
+        self.register_buffer("pair_epsilon", pair_eps.flatten())
+        self.register_buffer("pair_sigma", pair_sigma.flatten())
+        # one parameter set for every atom: skip the per-edge lookups altogether
+        self._uniform = None
+        if not isinstance(epsilon, Mapping) and not isinstance(sigma, Mapping):
+            self._uniform = (float(epsilon), float(sigma))
         self.register_buffer("known_species", eps_known & sigma_known)
         self._all_species_known = bool(self.known_species.all())  # skip the check (a sync)
 
@@ -102,17 +107,15 @@ class LennardJones(ModelWrapper):
         )
         r2 = (vectors * vectors).sum(dim=-1)
 
-        z = batch.atomic_numbers
-        z_sender, z_receiver = z.index_select(0, sender), z.index_select(0, receiver)
-        eps = self.pair_epsilon.to(positions.dtype)[z_sender, z_receiver]
-        sigma2 = self.pair_sigma.to(positions.dtype)[z_sender, z_receiver] ** 2
+        eps, sigma2 = self._pair_parameters(batch.atomic_numbers, sender, receiver, positions.dtype)
 
         rc2 = self.cutoff**2
         inside = r2 < rc2  # lists built with a skin hold longer edges; they add nothing
         # longer edges are replaced by r = r_c before the power so no inf/NaN can leak
         # into the gradient through the discarded branch of the `where`
         safe_r2 = torch.where(inside, r2, torch.full_like(r2, rc2))
-        c6 = (sigma2 / safe_r2) ** 3
+        s2_over_r2 = sigma2 / safe_r2
+        c6 = s2_over_r2 * s2_over_r2 * s2_over_r2
         pair = 4.0 * eps * (c6 * c6 - c6)
         if self.shift:
             c6_cut = (sigma2 / rc2) ** 3
@@ -124,6 +127,16 @@ class LennardJones(ModelWrapper):
         if not neighbors.full_list:  # a half list holds each pair once: the sender's half too
             energies = energies.index_add(0, sender, half)
         return energies
+
+    def _pair_parameters(self, z, sender, receiver, dtype):
+        """Per-edge epsilon and sigma^2 (Python floats when every atom is alike)."""
+        if self._uniform is not None:
+            eps, sigma = self._uniform
+            return eps, sigma * sigma
+        pair = z.index_select(0, sender) * _NUM_ELEMENTS + z.index_select(0, receiver)
+        eps = self.pair_epsilon.to(dtype).index_select(0, pair)
+        sigma = self.pair_sigma.to(dtype).index_select(0, pair)
+        return eps, sigma * sigma
 
     def _check_species(self, atomic_numbers: torch.Tensor) -> None:
         if self._all_species_known:

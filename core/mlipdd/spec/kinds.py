@@ -1,0 +1,48 @@
+"""What shape a named model output has, which decides how it is consolidated."""
+
+from __future__ import annotations
+
+import enum
+
+
+class OutputKind(enum.Enum):
+    """Shape class of one named output.
+
+    * ``PER_NODE``: one row per atom (forces, atomic energies). Ghost rows are dropped
+      and, unless the output is owned-only, ghost partials go back to their owners.
+    * ``PER_GRAPH``: one row per system (energy, stress); replicated on every rank.
+    * ``GLOBAL``: one value for the whole batch; replicated on every rank.
+    * ``UNKNOWN``: not declared; passed through untouched.
+    """
+
+    PER_NODE = "per_node"
+    PER_GRAPH = "per_graph"
+    GLOBAL = "global"
+    UNKNOWN = "unknown"
+
+    def is_per_node(self) -> bool:
+        return self is OutputKind.PER_NODE
+
+    def is_per_graph(self) -> bool:
+        return self is OutputKind.PER_GRAPH
+
+    def is_global(self) -> bool:
+        return self is OutputKind.GLOBAL
+
+    def is_unknown(self) -> bool:
+        return self is OutputKind.UNKNOWN
+
+    @classmethod
+    def parse(cls, value: OutputKind | str, *, output: str = "") -> OutputKind:
+        """``value`` as an ``OutputKind``; accepts the member itself, its name or value."""
+        from mlipdd.spec.errors import SpecError
+
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            for kind in cls:
+                if value in (kind.name, kind.value):
+                    return kind
+        where = f" for output {output!r}" if output else ""
+        known = ", ".join(kind.name for kind in cls)
+        raise SpecError(f"unknown output kind {value!r}{where}; use one of OutputKind.{{{known}}}")

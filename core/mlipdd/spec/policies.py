@@ -1,0 +1,201 @@
+"""Storage policies: where a rank keeps its per-atom rows and how ops cross ranks.
+
+A policy is a frozen dataclass. Its ``scatter`` rule says what a ``scatter_add`` into
+node rows does, its ``gather`` rule what an ``index_select`` of node rows does, and
+``system_reductions`` whether a scatter into per-system rows becomes local sum +
+all_reduce. The rules are fields, so a validator can derive a variant with
+``dataclasses.replace(policy, scatter="local")``.
+
+Rule vocabulary:
+
+* scatter: ``"halo_correction"`` (ghost partials go back to their owners, then ghost
+  rows are refreshed), ``"distributed"`` (rows travel to their owner rank),
+  ``"local"`` (nothing crosses ranks).
+* gather: ``"halo_read"`` (ghost rows are served from the local mirror),
+  ``"distributed"`` (rows are fetched from their owner), ``"local"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+from mlipdd.spec.errors import SpecError
+
+__all__ = [
+    "POLICY_KINDS",
+    "GraphParallelPolicy",
+    "HaloStoragePolicy",
+    "LocalPolicy",
+    "ShardedStoragePolicy",
+    "StoragePolicy",
+    "merge_policies",
+]
+
+
+@dataclass(frozen=True)
+class _PolicyBase:
+    """Shared predicates and rule checks; use one of the concrete policies."""
+
+    kind: ClassVar[str] = ""
+    allowed_scatter: ClassVar[frozenset[str]] = frozenset()
+    allowed_gather: ClassVar[frozenset[str]] = frozenset()
+
+    def __post_init__(self) -> None:
+        for rule, allowed in (("scatter", self.allowed_scatter), ("gather", self.allowed_gather)):
+            value = getattr(self, rule)
+            if value not in allowed:
+                raise SpecError(
+                    f"{type(self).__name__} does not support {rule}={value!r}; "
+                    f"use one of {sorted(allowed)} or pick another policy"
+                )
+        if not isinstance(self.system_reductions, bool):
+            raise SpecError(
+                f"{type(self).__name__}.system_reductions must be True or False, "
+                f"not {self.system_reductions!r}"
+            )
+
+    def is_halo(self) -> bool:
+        return self.kind == "halo"
+
+    def is_sharded(self) -> bool:
+        return self.kind == "sharded"
+
+    def is_local(self) -> bool:
+        return self.kind == "local"
+
+    def is_graph_parallel(self) -> bool:
+        return self.kind == "graph_parallel"
+
+    def rules(self) -> dict[str, object]:
+        """The policy's fields as a plain dict (what a spec file stores)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class HaloStoragePolicy(_PolicyBase):
+    """Rows are ``[owned | ghost]``; ghost rows mirror remote owners (MACE, LJ, Ewald)."""
+
+    kind: ClassVar[str] = "halo"
+    allowed_scatter: ClassVar[frozenset[str]] = frozenset({"halo_correction", "local"})
+    allowed_gather: ClassVar[frozenset[str]] = frozenset({"halo_read", "local"})
+
+    scatter: str = "halo_correction"
+    gather: str = "halo_read"
+    system_reductions: bool = True
+
+
+@dataclass(frozen=True)
+class ShardedStoragePolicy(_PolicyBase):
+    """Each rank stores only its owned rows; cross-rank reads and scatters go over the
+    wire (models with a per-system reduction in every layer, such as AIMNet2)."""
+
+    kind: ClassVar[str] = "sharded"
+    allowed_scatter: ClassVar[frozenset[str]] = frozenset({"distributed", "local"})
+    allowed_gather: ClassVar[frozenset[str]] = frozenset({"distributed", "local"})
+
+    scatter: str = "distributed"
+    gather: str = "distributed"
+    system_reductions: bool = True
+
+
+@dataclass(frozen=True)
+class LocalPolicy(_PolicyBase):
+    """Everything stays on the rank: no exchange, no reduction (single-process models,
+    or blocks whose inputs are already complete on every rank)."""
+
+    kind: ClassVar[str] = "local"
+    allowed_scatter: ClassVar[frozenset[str]] = frozenset({"local"})
+    allowed_gather: ClassVar[frozenset[str]] = frozenset({"local"})
+
+    scatter: str = "local"
+    gather: str = "local"
+    system_reductions: bool = False
+
+
+@dataclass(frozen=True)
+class GraphParallelPolicy(_PolicyBase):
+    """Every rank holds all positions and owns a block of nodes (graph partition, UMA).
+
+    Node features are all-gathered per layer by the model's adapters, so the ops
+    themselves stay local; per-system sums are reduced across ranks.
+    """
+
+    kind: ClassVar[str] = "graph_parallel"
+    allowed_scatter: ClassVar[frozenset[str]] = frozenset({"local"})
+    allowed_gather: ClassVar[frozenset[str]] = frozenset({"local"})
+
+    scatter: str = "local"
+    gather: str = "local"
+    system_reductions: bool = True
+
+
+StoragePolicy = HaloStoragePolicy | ShardedStoragePolicy | LocalPolicy | GraphParallelPolicy
+
+POLICY_KINDS: dict[str, type[_PolicyBase]] = {
+    cls.kind: cls
+    for cls in (HaloStoragePolicy, ShardedStoragePolicy, LocalPolicy, GraphParallelPolicy)
+}
+
+
+# NOTE [policy composition]: when two sub-models share one pipeline, their policies are
+# merged by this table, keyed by the unordered pair of kinds. A value is the kind of the
+# merged policy (the operand of that kind is kept) or, for an _Incompatible entry, the
+# reason the pair cannot share a pipeline. "local" joins anything because it asks for
+# nothing; "sharded" wins over "halo" because a sharded layout can serve a halo block's
+# reads over the wire but not the other way round.
+@dataclass(frozen=True)
+class _Incompatible:
+    reason: str
+
+
+_GP_VS_SPATIAL = _Incompatible(
+    "graph-parallel storage replicates every position on every rank and partitions nodes "
+    "logically, while {other} storage partitions atoms in space; one pipeline has one row "
+    "layout, so the two cannot share it. Run the blocks as separate distributed models, "
+    "or give the graph-parallel block a {other} spec (most MPNNs also run under "
+    "SPEC_MPNN_HALO)"
+)
+
+_MERGE_TABLE: dict[frozenset[str], str | _Incompatible] = {
+    frozenset({"halo"}): "halo",
+    frozenset({"halo", "sharded"}): "sharded",
+    frozenset({"sharded"}): "sharded",
+    frozenset({"local"}): "local",
+    frozenset({"local", "halo"}): "halo",
+    frozenset({"local", "sharded"}): "sharded",
+    frozenset({"local", "graph_parallel"}): "graph_parallel",
+    frozenset({"graph_parallel"}): "graph_parallel",
+    frozenset({"graph_parallel", "halo"}): _GP_VS_SPATIAL,
+    frozenset({"graph_parallel", "sharded"}): _GP_VS_SPATIAL,
+}
+
+
+def merge_policies(a: StoragePolicy, b: StoragePolicy) -> StoragePolicy:
+    """The policy of a pipeline that runs a block under ``a`` and a block under ``b``."""
+    for policy in (a, b):
+        if not isinstance(policy, _PolicyBase):
+            raise SpecError(
+                f"{policy!r} is not a storage policy; use one of "
+                f"{', '.join(cls.__name__ for cls in POLICY_KINDS.values())}"
+            )
+    outcome = _MERGE_TABLE[frozenset({a.kind, b.kind})]
+    if isinstance(outcome, _Incompatible):
+        other = a.kind if b.is_graph_parallel() else b.kind
+        raise SpecError(
+            f"cannot compose {type(a).__name__} with {type(b).__name__}: "
+            + outcome.reason.format(other=other)
+        )
+    candidates = [p for p in (a, b) if p.kind == outcome]
+    if len(candidates) == 2 and candidates[0] != candidates[1]:
+        differing = [
+            f"{name}: {candidates[0].rules()[name]!r} vs {candidates[1].rules()[name]!r}"
+            for name in candidates[0].rules()
+            if candidates[0].rules()[name] != candidates[1].rules()[name]
+        ]
+        raise SpecError(
+            f"cannot compose two {type(a).__name__}s with different rules ({'; '.join(differing)}); "
+            "one pipeline shares one layout, so give both blocks the same rules "
+            "(dataclasses.replace(policy, ...)) or run them as separate distributed models"
+        )
+    return candidates[0]

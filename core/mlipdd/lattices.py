@@ -67,7 +67,7 @@ def lj_liquid(
     *,
     n_atoms: int | None = None,
     density: float = ARGON_LIQUID_DENSITY,
-    temperature: float = 94.0,
+    temperature: float | None = 94.0,
     seed: int = 0,
     dtype: torch.dtype = torch.float64,
     device=None,

@@ -1,0 +1,132 @@
+"""``mlipdd run``: molecular dynamics from flags, a config file, or nothing at all.
+
+With no arguments it runs the built-in demo (LJ argon, 4000 atoms, NVT at 94 K).
+Settings come from `RunConfig` defaults, then ``--config FILE`` (YAML or JSON, same
+keys as the flags with underscores), then the flags given on the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from mlipdd.data import InputError
+from mlipdd.dynamics.simulation import DTYPES, ENSEMBLES, RunConfig, format_summary, run_simulation
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "run",
+        help="run molecular dynamics (no arguments: LJ argon demo, 4000 atoms, NVT 94 K)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_run_arguments(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The run flags. Defaults are SUPPRESSed so that only flags actually given override
+    the config file; the real defaults live in `RunConfig`."""
+    d = RunConfig()
+    add = parser.add_argument
+    s = argparse.SUPPRESS
+    add("--config", default=s, metavar="FILE", help="YAML or JSON file with run settings")
+    add("--model", default=s, help=f"registered model name (default {d.model})")
+    add(
+        "--model-arg",
+        dest="model_arg",
+        action="append",
+        default=s,
+        metavar="KEY=VALUE",
+        help="keyword argument for the model factory; repeat for several (values parsed as JSON)",
+    )
+    add("--system", default=s, help=f"built-in system or structure file (default {d.system})")
+    add("--size", type=int, default=s, help="cells per axis (built-ins) or cell repeats (files)")
+    add("--ensemble", choices=ENSEMBLES, default=s, help=f"default {d.ensemble}")
+    add("--steps", type=int, default=s, help=f"number of MD steps (default {d.steps})")
+    add("--dt", type=float, default=s, help=f"time step in fs (default {d.dt})")
+    add("--temperature", type=float, default=s, help=f"K (default {d.temperature})")
+    add(
+        "--friction",
+        type=float,
+        default=s,
+        help=f"Langevin friction in 1/fs (default {d.friction})",
+    )
+    add("--seed", type=int, default=s, help="seed for velocities and Langevin noise")
+    add("--trajectory", default=s, metavar="PATH", help="write frames here (.extxyz, .traj, ...)")
+    add("--trajectory-every", type=int, default=s, help=f"default {d.trajectory_every}")
+    add(
+        "--log-every",
+        type=int,
+        default=s,
+        help=f"thermo line every N steps, 0 for none (default {d.log_every})",
+    )
+    add("--log-file", default=s, metavar="PATH", help="thermo lines go to this file")
+    add("--dtype", choices=sorted(DTYPES), default=s, help=f"default {d.dtype}")
+    add("--device", default=s, help="cpu, cuda, cuda:1, ... (default: cuda when available)")
+    add("--skin", type=float, default=s, help=f"neighbour-list skin in A (default {d.skin})")
+    add("--progress", choices=("auto", "on", "off"), default=s, help="progress bar on stderr")
+    add("--json", action="store_true", help="print the summary as JSON")
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"config file {str(path)!r} does not exist")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        data = json.loads(text)
+    else:
+        try:
+            import yaml
+        except ImportError:
+            raise InputError(
+                f"reading {path.name} needs PyYAML (pip install pyyaml); or write the config as JSON"
+            ) from None
+        data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise InputError(
+            f"config file {path} must hold a mapping of settings, got {type(data).__name__}"
+        )
+    return data
+
+
+def parse_model_args(items: list[str]) -> dict[str, Any]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"--model-arg {item!r} is not KEY=VALUE; e.g. --model-arg cutoff=6.0")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value  # a plain string (a path, a name)
+    return out
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """Defaults < config file < flags; ``model_args`` merge key by key."""
+    given = {k: v for k, v in vars(args).items() if k not in ("func", "json")}
+    settings: dict[str, Any] = {}
+    if "config" in given:
+        settings.update(
+            {str(k).replace("-", "_"): v for k, v in load_config_file(given.pop("config")).items()}
+        )
+    model_args = dict(settings.pop("model_args", None) or {})
+    model_args.update(parse_model_args(given.pop("model_arg", [])))
+    settings.update(given)
+    settings["model_args"] = model_args
+    return RunConfig.from_mapping(settings)
+
+
+def run(args: argparse.Namespace) -> int:
+    summary = run_simulation(config_from_args(args))
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(format_summary(summary))
+    return 0

@@ -1,0 +1,235 @@
+"""One MD run from a plain configuration: what ``mlipdd run`` executes.
+
+`run_simulation` is split into `build_model`, `build_system`, `build_dynamics` and the
+timed loop so a launcher for several ranks can reuse the pieces (wrap the dynamics,
+partition the batch) without re-parsing anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mlipdd.data import Batch, InputError
+from mlipdd.dynamics.base import BaseDynamics
+from mlipdd.dynamics.hooks import ProgressBar, ThermoLogger, TrajectoryWriter
+from mlipdd.dynamics.integrators import NVE, NVTLangevin
+from mlipdd.dynamics.velocities import initialize_velocities
+
+# Argon (Rowley, Nicholson & Parsonage): the model of the default run.
+ARGON_LJ = {"epsilon": 0.0104, "sigma": 3.4, "cutoff": 8.5}
+ENSEMBLES = ("nve", "nvt")
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass
+class RunConfig:
+    """Every setting of a run; the defaults are the built-in demo (LJ argon, NVT, 94 K)."""
+
+    model: str = "lj"
+    model_args: dict[str, Any] = field(default_factory=dict)
+    system: str = "fcc_argon"  # a built-in name (mlipdd.lattices.SYSTEMS) or a structure file
+    size: int | None = None  # cells per axis (built-ins) or repeats of the file's cell
+    ensemble: str = "nvt"
+    steps: int = 100
+    dt: float = 5.0  # fs
+    temperature: float = 94.0  # K: thermostat target and starting velocities
+    friction: float = 0.01  # 1/fs
+    seed: int = 0
+    trajectory: str | None = None
+    trajectory_every: int = 10
+    log_every: int = 10  # 0: no thermo lines
+    log_file: str | None = None  # thermo lines go here instead of stdout
+    dtype: str = "float64"
+    device: str = "auto"  # "auto": cuda when available
+    skin: float = 0.5  # Angstrom, neighbour-list skin
+    progress: str = "auto"  # "auto": a progress bar when thermo lines do not go to the console
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {str(k).replace("-", "_"): v for k, v in values.items()}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise InputError(f"unknown run setting(s) {unknown}; known settings: {sorted(known)}")
+        return cls(**values).checked()
+
+    def checked(self) -> RunConfig:
+        if self.ensemble not in ENSEMBLES:
+            raise InputError(f"ensemble {self.ensemble!r} is not one of {ENSEMBLES}")
+        if self.dtype not in DTYPES:
+            raise InputError(f"dtype {self.dtype!r} is not one of {sorted(DTYPES)}")
+        if int(self.steps) < 0:
+            raise InputError(f"steps must be >= 0, got {self.steps}")
+        if not isinstance(self.model_args, Mapping):
+            raise InputError(
+                f"model_args must be a mapping of keyword arguments, got {self.model_args!r}"
+            )
+        if self.progress not in ("auto", "on", "off"):
+            raise InputError(f"progress must be auto, on or off, got {self.progress!r}")
+        return self
+
+    def resolved_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+
+def build_model(cfg: RunConfig):
+    from mlipdd.plugins import create_model
+
+    args = dict(cfg.model_args)
+    if cfg.model == "lj":
+        args = {**ARGON_LJ, **args}
+    model = create_model(cfg.model, **args)
+    return model.to(device=cfg.resolved_device(), dtype=DTYPES[cfg.dtype])
+
+
+def build_system(cfg: RunConfig) -> Batch:
+    """The starting batch, with velocities at ``cfg.temperature`` unless the file had some."""
+    from mlipdd.lattices import SYSTEMS
+    from mlipdd.lattices import build_system as build_builtin
+
+    dtype, device = DTYPES[cfg.dtype], cfg.resolved_device()
+    if cfg.system in SYSTEMS:
+        batch = build_builtin(
+            cfg.system, size=cfg.size, temperature=None, dtype=dtype, device=device
+        )
+    else:
+        batch = _read_structure(Path(cfg.system), cfg.size, dtype, device)
+    if batch.velocities is None:
+        initialize_velocities(batch, cfg.temperature, cfg.seed)
+    return batch
+
+
+def _read_structure(path: Path, size: int | None, dtype, device) -> Batch:
+    import ase.io
+
+    from mlipdd.lattices import SYSTEMS
+
+    if not path.is_file():
+        raise InputError(
+            f"system {str(path)!r} is neither a built-in ({sorted(SYSTEMS)}) nor an existing file"
+        )
+    atoms = ase.io.read(str(path), index=-1)  # the last frame: restarting from a trajectory works
+    if size is not None and int(size) > 1:
+        atoms = atoms.repeat([int(size) if p else 1 for p in atoms.pbc])
+    return Batch.from_ase(atoms, dtype=dtype, device=device)
+
+
+def build_dynamics(cfg: RunConfig, model, hooks=()) -> BaseDynamics:
+    if cfg.ensemble == "nve":
+        return NVE(model, cfg.dt, hooks, skin=cfg.skin)
+    return NVTLangevin(model, cfg.dt, cfg.temperature, cfg.friction, cfg.seed, hooks, skin=cfg.skin)
+
+
+def default_hooks(cfg: RunConfig, thermo_stream=None) -> list:
+    """Thermo log (always: the summary reads its records), trajectory, progress bar."""
+    quiet = cfg.log_every <= 0
+    if quiet:
+        output = io.StringIO()
+    else:
+        output = cfg.log_file or (thermo_stream if thermo_stream is not None else sys.stdout)
+    hooks: list = [
+        ThermoLogger(output, frequency=cfg.log_every if not quiet else max(1, int(cfg.steps)))
+    ]
+    if cfg.trajectory:
+        hooks.append(TrajectoryWriter(cfg.trajectory, frequency=cfg.trajectory_every))
+    if cfg.progress == "on" or (cfg.progress == "auto" and (quiet or cfg.log_file)):
+        hooks.append(ProgressBar())
+    return hooks
+
+
+def run_simulation(
+    config: RunConfig | Mapping[str, Any] | None = None, thermo_stream=None
+) -> dict[str, Any]:
+    """Build everything from ``config``, run it, and return a summary dict (see `format_summary`)."""
+    cfg = config if isinstance(config, RunConfig) else RunConfig.from_mapping(config or {})
+    cfg.checked()
+    model = build_model(cfg)
+    batch = build_system(cfg)
+    hooks = default_hooks(cfg, thermo_stream)
+    dyn = build_dynamics(cfg, model, hooks)
+
+    dyn.setup(batch)  # first force evaluation (and neighbour list) outside the timing
+    start_energy = dyn.conserved_energy().sum().item()
+    _sync(batch.device)
+    start = time.perf_counter()
+    dyn.run(batch, cfg.steps)
+    _sync(batch.device)
+    wall = time.perf_counter() - start
+    end_energy = dyn.conserved_energy().sum().item()
+    for hook in hooks:
+        if isinstance(hook, ThermoLogger):
+            hook.close()
+    return _summary(cfg, dyn, batch, hooks[0].records, wall, start_energy, end_energy)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _summary(cfg, dyn, batch, records, wall, start_energy, end_energy) -> dict[str, Any]:
+    n_atoms, steps = dyn.num_atoms(), int(cfg.steps)
+    temps = [r["temperature"] for r in records if r["step"] > 0] or [
+        r["temperature"] for r in records
+    ]
+    drift = (end_energy - start_energy) / n_atoms * 1000.0
+    sim_ps = steps * cfg.dt / 1000.0
+    nl = [h for h in dyn.hooks if hasattr(h, "num_builds")]
+    return {
+        "model": cfg.model,
+        "system": cfg.system,
+        "ensemble": cfg.ensemble,
+        "n_atoms": n_atoms,
+        "steps": steps,
+        "dt_fs": cfg.dt,
+        "dtype": cfg.dtype,
+        "device": str(batch.device),
+        "wall_s": wall,
+        "steps_per_s": steps / wall if wall > 0 else float("nan"),
+        "atom_steps_per_s": steps * n_atoms / wall if wall > 0 else float("nan"),
+        "ns_per_day": sim_ps * 1e-3 / wall * 86400.0 if wall > 0 else float("nan"),
+        "temperature_final_K": float(dyn.temperature().sum()),
+        "temperature_mean_K": sum(temps) / len(temps),
+        "conserved_energy_start_eV": start_energy,
+        "energy_drift_meV_per_atom": drift,
+        "energy_drift_meV_per_atom_per_ps": drift / sim_ps if sim_ps > 0 else float("nan"),
+        "neighbor_list_builds": sum(h.num_builds for h in nl),
+        "trajectory": cfg.trajectory,
+    }
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+    s = summary
+    drift_label = (
+        "energy drift" if s["ensemble"] == "nve" else "conserved-energy drift (incl. bath)"
+    )
+    return "\n".join(
+        [
+            (
+                f"{s['ensemble'].upper()} {s['model']} on {s['system']}: {s['n_atoms']} atoms, "
+                f"{s['steps']} steps of {s['dt_fs']} fs ({s['dtype']}, {s['device']})"
+            ),
+            (
+                f"  speed        {s['steps_per_s']:.2f} steps/s, {s['atom_steps_per_s']:.3g} atom-steps/s, "
+                f"{s['ns_per_day']:.3g} ns/day ({s['wall_s']:.2f} s)"
+            ),
+            (
+                f"  {drift_label}: {s['energy_drift_meV_per_atom']:+.4f} meV/atom "
+                f"({s['energy_drift_meV_per_atom_per_ps']:+.4f} meV/atom/ps)"
+            ),
+            f"  temperature  final {s['temperature_final_K']:.1f} K, mean {s['temperature_mean_K']:.1f} K",
+            f"  neighbour-list builds: {s['neighbor_list_builds']}"
+            + (f"; trajectory: {s['trajectory']}" if s["trajectory"] else ""),
+        ]
+    )

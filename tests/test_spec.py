@@ -359,3 +359,24 @@ def test_spec_layer_imports_no_upper_layers():
         "print(bad); assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_specs_pickle_for_spawned_ranks():
+    import copy
+    import pickle
+
+    spec = SPEC_MPNN_HALO.replace(
+        distribution=DistributionSpec(
+            HALO,
+            custom_ops=(
+                OpAdapter(torch.ops.aten.relu.default, {0: GatherInputs()}, {0: ScatterOutputs()}),
+            ),
+            third_party_helpers=(
+                MethodAdapter(sh.Child, "energy", sh.energy_plus_5),
+                PythonAdapter("spec_helpers", "helper", "spec_helpers:helper_negated"),
+            ),
+        )
+    )
+    for clone in (pickle.loads(pickle.dumps(spec)), copy.deepcopy(spec)):
+        assert clone == spec and hash(clone) == hash(spec)
+        assert clone.distribution.custom_ops[0].resolve() is torch.ops.aten.relu.default

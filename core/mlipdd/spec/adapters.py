@@ -109,6 +109,14 @@ class OpAdapter:
     def target_name(self) -> str:
         return self.qualified_name
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # NOTE [picklable specs]: op objects do not pickle; the name does, and spawned
+        # ranks resolve it after importing the op's library.
+        return (
+            type(self),
+            (self.qualified_name, dict(self.arg_transforms), dict(self.output_transforms)),
+        )
+
     def resolve(self) -> Any:
         """The ``torch._ops.OpOverload`` this adapter names."""
         import torch

@@ -1,0 +1,121 @@
+"""Translate an mlipdd `Batch` into the input dict a mace model's forward reads.
+
+Single-process code. Under domain decomposition the positions are a tensor subclass
+over ``[owned | ghost]`` rows and the neighbour list holds only edges with an owned
+receiver; nothing here needs to know.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mlipdd.data import Batch, InputError
+
+
+def one_hot_elements(
+    atomic_numbers: torch.Tensor, model_elements: torch.Tensor, dtype
+) -> torch.Tensor:
+    """mace's ``node_attrs``: one column per element of the model, in its order.
+
+    Raises InputError naming elements the model was not trained on.
+    """
+    model_elements = model_elements.to(atomic_numbers.device)
+    match = atomic_numbers.view(-1, 1) == model_elements.view(1, -1)
+    known = match.any(dim=1)
+    if not bool(known.all()):
+        from ase.data import chemical_symbols
+
+        unknown = sorted({int(z) for z in atomic_numbers[~known].tolist()})
+        names = ", ".join(
+            f"{chemical_symbols[z] if 0 < z < len(chemical_symbols) else '?'} (Z={z})"
+            for z in unknown
+        )
+        model_names = " ".join(chemical_symbols[int(z)] for z in model_elements.tolist())
+        raise InputError(
+            f"the MACE model has no parameters for element(s) {names}; it knows only "
+            f"{model_names}. Remove those atoms or use a model trained on them"
+        )
+    return match.to(dtype)
+
+
+def neighbor_list_for(batch: Batch, cutoff: float):
+    """``batch.neighbors`` when the caller built one (under DD: the core), else a fresh list."""
+    if batch.neighbors is not None:
+        return batch.neighbors
+    from mlipdd.neighbors import build_neighbor_list  # lazy: core module may be optional
+
+    return build_neighbor_list(batch, cutoff)
+
+
+def edges_within_cutoff(
+    positions: torch.Tensor,
+    edge_index: torch.Tensor,
+    unit_shifts: torch.Tensor,
+    cell: torch.Tensor,
+    system_of_atom: torch.Tensor,
+    cutoff: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Edges shorter than ``cutoff`` and not a self-edge, with their integer shifts.
+
+    Lists may carry a skin (rebuilt every few MD steps) or come from a larger model in a
+    pipeline; mace's own lists stop at ``r_max``, so we drop the extra edges to do the
+    same work. A zero-length self-edge (i == i, no shift) would give NaN directions.
+    """
+    # The mask is bookkeeping, not physics: compute it on the plain local rows, without
+    # autograd and without any tensor-subclass dispatch (under DD the rows are
+    # [owned | ghost] and the check is purely local).
+    with torch.no_grad():
+        pos = torch.Tensor.as_subclass(positions.detach(), torch.Tensor)
+        sender, receiver = edge_index[0], edge_index[1]
+        shifts = cartesian_shifts(unit_shifts, cell.detach(), system_of_atom[sender])
+        vectors = pos[receiver] - pos[sender] + shifts
+        length_sq = (vectors * vectors).sum(dim=1)
+        self_edge = (sender == receiver) & (unit_shifts == 0).all(dim=1)
+        keep = (length_sq < cutoff * cutoff) & ~self_edge
+    if bool(keep.all()):
+        return edge_index, unit_shifts
+    return edge_index[:, keep], unit_shifts[keep]
+
+
+def cartesian_shifts(
+    unit_shifts: torch.Tensor, cell: torch.Tensor, system_of_edge: torch.Tensor
+) -> torch.Tensor:
+    """Cartesian image shifts ``n @ cell`` of each edge's own system.
+
+    Written like mace's strained-cell route so both give bit-identical vectors.
+    """
+    return torch.einsum("be,bec->bc", unit_shifts, cell.view(-1, 3, 3)[system_of_edge])
+
+
+def mace_inputs(
+    batch: Batch, model_elements: torch.Tensor, cutoff: float, dtype: torch.dtype, head: int = 0
+) -> dict:
+    """The dict a mace model's forward takes, built from ``batch``.
+
+    ``positions`` is the batch's own tensor (same object) when its dtype already matches:
+    mace differentiates the energy with respect to it, and under domain decomposition
+    its identity is what routes ghost gradients back to owners.
+    """
+    positions = batch.positions
+    if positions.dtype != dtype:
+        positions = positions.to(dtype)
+    cell = batch.cell.to(dtype)
+    system_of_atom = batch.batch
+    neighbors = neighbor_list_for(batch, cutoff)
+    edge_index = neighbors.edge_index.to(device=positions.device, dtype=torch.long)
+    unit_shifts = neighbors.unit_shifts.to(device=positions.device, dtype=dtype)
+    edge_index, unit_shifts = edges_within_cutoff(
+        positions, edge_index, unit_shifts, cell, system_of_atom, cutoff
+    )
+    num_systems = batch.num_systems
+    return {
+        "positions": positions,
+        "node_attrs": one_hot_elements(batch.atomic_numbers, model_elements, dtype),
+        "edge_index": edge_index,
+        "unit_shifts": unit_shifts,
+        "shifts": cartesian_shifts(unit_shifts, cell, system_of_atom[edge_index[0]]),
+        "cell": cell,
+        "batch": system_of_atom,
+        "ptr": batch.ptr,
+        "head": torch.full((num_systems,), head, dtype=torch.long, device=positions.device),
+    }

@@ -1,0 +1,85 @@
+"""mlipdd hook implementations for MACE (entry point ``mlipdd: mace``).
+
+Importing this module must stay cheap and must not import mace: the plugin manager
+loads every plugin at start-up, and mace (with e3nn) takes seconds to import.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+try:
+    from mlipdd.plugins import hookimpl
+except ImportError:  # core plugin system not installed yet: same marker, by project name
+    import pluggy
+
+    hookimpl = pluggy.HookimplMarker("mlipdd")
+
+
+def make_mace_model(
+    model=None,
+    *,
+    path: str | Path | None = None,
+    foundation: str | None = None,
+    head: str | None = None,
+    device: str = "cpu",
+):
+    """Factory for model name ``"mace"``: exactly one of a model object, ``path=`` or ``foundation=``."""
+    from mlipdd_mace.wrapper import MACEWrapper
+
+    given = [
+        name
+        for name, value in (("model", model), ("path", path), ("foundation", foundation))
+        if value is not None
+    ]
+    if len(given) != 1:
+        raise ValueError(
+            "the 'mace' model needs exactly one of: a mace model object, path='file.model' or "
+            f"foundation='medium-mpa-0' (got {', '.join(given) or 'none'})"
+        )
+    if path is not None:
+        return MACEWrapper.from_file(path, device=device, head=head)
+    if foundation is not None:
+        return MACEWrapper.from_foundation(foundation, device=device, head=head)
+    if isinstance(model, (str, Path)):
+        raise TypeError(
+            f"got the string {str(model)!r} as a model; pass path= for a file or foundation= for a name"
+        )
+    return MACEWrapper(model.to(device), head=head)
+
+
+@hookimpl
+def mlipdd_register_models(register):
+    register(
+        "mace",
+        make_mace_model,
+        description="MACE / ScaleShiftMACE (mace-torch): path=, foundation= or a model object",
+    )
+
+
+@hookimpl
+def mlipdd_register_presets(register):
+    from mlipdd_mace.spec import mpnn_halo_preset
+
+    # MACE is a plain halo message-passing network; the alias names it for users.
+    # A core without the preset gets no alias (raising here would drop the whole
+    # plugin, models included).
+    preset = mpnn_halo_preset()
+    if preset is not None:
+        register("SPEC_MACE_HALO", preset)
+
+
+@hookimpl
+def mlipdd_wrap_model(model, options):
+    """Wrap a raw mace model; ``None`` for anything else so other plugins get a turn."""
+    from mlipdd_mace.wrapper import MACEWrapper, is_mace_model
+
+    if not is_mace_model(model):
+        return None
+    options = options or {}
+    # nn.Module.to converts in place: the user's model object follows these options.
+    if options.get("device") is not None:
+        model = model.to(options["device"])
+    if options.get("dtype") is not None:
+        model = model.to(options["dtype"])
+    return MACEWrapper(model, head=options.get("head"))

@@ -1,0 +1,103 @@
+"""Random-weight MACE models for tests and benchmarks.
+
+No pretrained weights can be fetched in CI, so every test builds a `ScaleShiftMACE`
+from a configuration with seeded random weights. The architecture is the one mace's
+own training script builds for ``--model=MACE`` (residual interactions, non-linear
+last readout), so the code paths exercised are those of real foundation models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+
+def mace_medium_config() -> dict:
+    """Architecture of a "medium" MACE (as in MACE-MP medium), for benchmarks.
+
+    128x0e+128x1o hidden features, max_ell 3, correlation 3, 6 A cutoff, 2 layers.
+    """
+    return {
+        "r_max": 6.0,
+        "num_interactions": 2,
+        "hidden_irreps": "128x0e+128x1o",
+        "max_ell": 3,
+        "correlation": 3,
+    }
+
+
+def random_mace(
+    elements: Sequence[int] = (1, 6, 8),
+    r_max: float = 4.0,
+    num_interactions: int = 2,
+    channels: int = 8,
+    max_ell: int = 2,
+    correlation: int = 2,
+    dtype: torch.dtype = torch.float64,
+    seed: int = 0,
+    hidden_irreps: str | None = None,
+    avg_num_neighbors: float = 8.0,
+    heads: Sequence[str] | None = None,
+):
+    """A `mace.modules.ScaleShiftMACE` with seeded random weights, in eval mode.
+
+    ``hidden_irreps`` defaults to ``{channels}x0e+{channels}x1o``; pass it to build
+    e.g. `mace_medium_config()` (``random_mace(**mace_medium_config())``).
+    """
+    from e3nn import o3
+    from mace import modules
+
+    elements = sorted(int(z) for z in elements)
+    if hidden_irreps is None:
+        hidden_irreps = f"{channels}x0e+{channels}x1o"
+    heads = list(heads) if heads else ["Default"]
+    generator = np.random.default_rng(seed)
+    # Per-element reference energies of a plausible size (eV), one row per head.
+    atomic_energies = generator.uniform(-10.0, -1.0, size=(len(heads), len(elements)))
+    if len(heads) == 1:
+        atomic_energies = atomic_energies[0]
+
+    # mace creates its buffers (r_max, constants of the e3nn layers) in the default
+    # dtype, so build under float64 and convert once at the end.
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(seed)
+        model = modules.ScaleShiftMACE(
+            r_max=float(r_max),
+            num_bessel=8,
+            num_polynomial_cutoff=5,
+            max_ell=max_ell,
+            interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
+            interaction_cls_first=modules.interaction_classes["RealAgnosticInteractionBlock"],
+            num_interactions=num_interactions,
+            num_elements=len(elements),
+            hidden_irreps=o3.Irreps(hidden_irreps),
+            MLP_irreps=o3.Irreps("16x0e"),
+            atomic_energies=atomic_energies,
+            avg_num_neighbors=avg_num_neighbors,
+            atomic_numbers=elements,
+            correlation=correlation,
+            gate=torch.nn.functional.silu,
+            radial_MLP=[16, 16],
+            heads=heads,
+            atomic_inter_scale=[1.3] * len(heads),
+            atomic_inter_shift=[0.2] * len(heads),
+        )
+    finally:
+        torch.set_default_dtype(previous)
+    return model.to(dtype).eval()
+
+
+def random_mace_wrapper(**kwargs):
+    """`MACEWrapper` around `random_mace(**kwargs)`.
+
+    A module-level function, so ``functools.partial(random_mace_wrapper, seed=0)`` pickles:
+    the conformance kit (`mlipdd.testing`) rebuilds the model inside each spawned rank,
+    and the same seed gives every rank the same weights.
+    """
+    from mlipdd_mace.wrapper import MACEWrapper
+
+    return MACEWrapper(random_mace(**kwargs))

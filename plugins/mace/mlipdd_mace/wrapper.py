@@ -1,0 +1,191 @@
+"""`MACEWrapper`: any mace `MACE` / `ScaleShiftMACE` model as an mlipdd `ModelWrapper`.
+
+Single-process code, free of distributed logic: under domain decomposition the core
+hands it a halo-padded batch and the `SPEC_MPNN_HALO` spec makes mace's scatters and
+per-system sums exchange ghost rows (see ARCHITECTURE.md, "One halo step").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from mlipdd.data import Batch
+from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig
+from mlipdd_mace.graph import mace_inputs
+from mlipdd_mace.versions import require_mace
+
+
+def is_mace_model(obj) -> bool:
+    """True for a raw mace energy model (`MACE` and subclasses such as `ScaleShiftMACE`).
+
+    Decides from the class's module names first, so asking about a non-mace object
+    never pays for importing mace (and e3nn).
+    """
+    if not any(cls.__module__.split(".")[0] == "mace" for cls in type(obj).__mro__):
+        return False
+    try:
+        from mace.modules.models import MACE
+    except ImportError:
+        return False
+    return isinstance(obj, MACE)
+
+
+def uses_cuequivariance(model: torch.nn.Module) -> bool:
+    """Whether mace's e3nn->cuEquivariance conversion replaced some of the model's layers."""
+    return any(type(m).__module__.startswith("cuequivariance") for m in model.modules())
+
+
+def _model_dtype(model: torch.nn.Module) -> torch.dtype:
+    return next(model.parameters()).dtype
+
+
+def _pick_head(heads: list[str], head: str | None) -> int:
+    """Index of the readout head to use; mirrors how mace's calculator chooses."""
+    if head is not None:
+        if head not in heads:
+            raise ValueError(f"the MACE model has no head {head!r}; its heads are {heads}")
+        return heads.index(head)
+    if len(heads) == 1:
+        return 0
+    defaults = [i for i, h in enumerate(heads) if h.lower() == "default"]
+    if not defaults:
+        raise ValueError(
+            f"this multi-head MACE model has heads {heads} and none is 'default'; "
+            "choose one with MACEWrapper(model, head=...)"
+        )
+    return defaults[0]
+
+
+class MACEWrapper(ModelWrapper):
+    """Energy, forces, stress and per-atom energies from a mace model.
+
+    Forces and stress come from mace's own autograd (w.r.t. the positions tensor it is
+    given and a symmetric strain), so they match mace's ASE calculator exactly.
+    """
+
+    def __init__(self, model: torch.nn.Module, head: str | None = None):
+        super().__init__()
+        self.mace_version = require_mace()
+        if not is_mace_model(model):
+            raise TypeError(
+                f"MACEWrapper needs a mace.modules.MACE (or ScaleShiftMACE) model, got "
+                f"{type(model).__name__}; load one with MACEWrapper.from_file(path) or "
+                "MACEWrapper.from_foundation(name)"
+            )
+        self.model = model
+        heads = list(getattr(model, "heads", None) or ["Default"])
+        self.head = heads[_pick_head(heads, head)]
+        self.head_index = heads.index(self.head)
+        dtype = _model_dtype(model)
+        self.model_config = ModelConfig(
+            neighbor_config=NeighborConfig(cutoff=float(model.r_max)),
+            outputs=frozenset({"energy", "energies", "forces", "stress"}),
+            autograd_outputs=frozenset({"forces", "stress"}),
+            supported_dtypes=(dtype,),
+            extra={
+                "atomic_numbers": tuple(int(z) for z in model.atomic_numbers.tolist()),
+                "heads": tuple(heads),
+                "cuequivariance": uses_cuequivariance(model),
+                "mace_version": self.mace_version,
+            },
+        )
+        # Inference by default: mace then skips create_graph in its force backward.
+        # Call .train() to keep the graph (e.g. to fit on forces).
+        self.eval()
+
+    # ---- constructors -------------------------------------------------------------------
+    @classmethod
+    def from_file(
+        cls, path: str | Path, device: str | torch.device = "cpu", head: str | None = None
+    ) -> MACEWrapper:
+        """A model saved with ``torch.save(model, path)`` (mace's ``.model`` files).
+
+        ``weights_only=False`` because mace checkpoints pickle the whole module, not a
+        state dict; unpickling runs code from the file, so load only files you trust
+        (your own training runs, mace's official releases).
+        """
+        require_mace()  # the unpickler needs mace's classes importable
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"no MACE model file at {str(path)!r}; give the path of a saved .model file"
+            )
+        model = torch.load(path, map_location=device, weights_only=False)
+        return cls(model, head=head)
+
+    @classmethod
+    def from_foundation(
+        cls, name: str = "medium-mpa-0", device: str | torch.device = "cpu", head: str | None = None
+    ) -> MACEWrapper:
+        """A pretrained foundation model by name, via mace's own downloader and cache.
+
+        See `mlipdd_mace.foundation` for the names (``"medium-mpa-0"``, ``"off:small"``, ...).
+        """
+        require_mace()
+        from mlipdd_mace.foundation import load_foundation
+
+        return cls(load_foundation(name, device=device), head=head)
+
+    # ---- ModelWrapper protocol ----------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        return _model_dtype(self.model)
+
+    def adapt_input(self, batch: Batch) -> dict:
+        return mace_inputs(
+            batch,
+            model_elements=self.model.atomic_numbers,
+            cutoff=self.cutoff,
+            dtype=self.dtype,
+            head=self.head_index,
+        )
+
+    def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
+        data = self.adapt_input(batch)
+        positions = data["positions"]
+        # mace calls positions.requires_grad_(True) in place; undo it afterwards on a
+        # leaf the caller handed in, so an integrator can still update it in place.
+        restore_flag = positions.is_leaf and not positions.requires_grad
+        keep_graph = self.training and torch.is_grad_enabled()
+        try:
+            with torch.enable_grad():  # forces are an autograd derivative, even in no_grad
+                out = self.model(
+                    data,
+                    training=keep_graph,
+                    compute_force=True,
+                    compute_stress=compute_stress,
+                )
+        finally:
+            if restore_flag:
+                positions.requires_grad_(False)
+        energy = out["energy"]
+        result = {
+            "energy": energy,
+            "forces": out["forces"],
+            # ScaleShiftMACE returns per-atom energies in float64 whatever the model dtype.
+            "energies": out["node_energy"].to(energy.dtype),
+        }
+        if compute_stress:
+            result["stress"] = out["stress"]
+        return result
+
+    def distribution_spec(self, strategy=None):
+        """Spatial halo: mace is a message-passing network with a fixed neighbour list."""
+        from mlipdd_mace.spec import mpnn_halo_preset
+
+        preset = mpnn_halo_preset()
+        if preset is None:
+            raise RuntimeError(
+                "this mlipdd core has no SPEC_MPNN_HALO preset, which MACE runs under; "
+                "upgrade mlipdd to a version with mlipdd.spec.SPEC_MPNN_HALO"
+            )
+        return preset
+
+    def extra_repr(self) -> str:
+        cfg = self.model_config
+        return (
+            f"cutoff={cfg.cutoff}, elements={list(cfg.extra['atomic_numbers'])}, head={self.head!r}, "
+            f"dtype={self.dtype}, cuequivariance={cfg.extra['cuequivariance']}"
+        )

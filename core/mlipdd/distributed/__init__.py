@@ -1,7 +1,7 @@
 """The distributed runtime: process groups, configuration, DistributedModel."""
 
 from mlipdd.distributed.config import DomainConfig, StrategyKind
-from mlipdd.distributed.errors import DistributedInputError, RemoteRankError
+from mlipdd.shard.agreement import DistributedInputError, RemoteRankError
 from mlipdd.distributed.manager import DistributedManager
 from mlipdd.distributed.model import DistributedModel
 

@@ -13,7 +13,8 @@ from torch import nn
 
 from mlipdd.data import Batch, InputError
 from mlipdd.distributed.config import DomainConfig, StrategyKind
-from mlipdd.distributed.errors import agree_on_errors, any_rank, check_together, fail_together
+from mlipdd.shard.agreement import agree_on_errors, any_rank, check_together, fail_together
+from mlipdd.spec.patching import installed
 from mlipdd.shard import ShardMeta, ShardTensor, all_reduce_sum, halo_accumulate, local
 from mlipdd.strategy.halo import HaloStrategy, check_domain_inputs
 
@@ -83,7 +84,7 @@ class DistributedModel(nn.Module):
                 self.strategy.build(batch, self.config.cutoff + self.config.skin)
             padded, meta = self._padded_batch(batch)
             error, outputs = None, None
-            with _adapters(self.spec):
+            with installed(self.spec):
                 outputs = self.model(padded, compute_stress=compute_stress)
             result = self._consolidate(outputs, meta)
             error = _check_outputs(result)
@@ -152,24 +153,3 @@ def _check_outputs(result: dict) -> BaseException | None:
                 "side effect; run mlipdd.validate.trace_and_validate to locate it"
             )
     return None
-
-
-class _adapters:
-    """Install the spec's third-party helpers for the duration of one forward."""
-
-    def __init__(self, spec):
-        self.helpers = tuple(spec.distribution.third_party_helpers)
-        self._cm = None
-
-    def __enter__(self):
-        if self.helpers:
-            from mlipdd.spec.patching import installed
-
-            self._cm = installed(self.helpers)
-            self._cm.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self._cm is not None:
-            return self._cm.__exit__(*exc)
-        return False

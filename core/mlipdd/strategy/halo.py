@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from mlipdd.data import Batch, InputError, fractional
+from mlipdd.shard.agreement import agree_on_errors
 from mlipdd.neighbors import NeighborList, build_neighbor_list
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows, pad
 from mlipdd.strategy.grid import RankGrid, check_grid, choose_grid, halo_targets, plane_spacings
@@ -76,20 +77,27 @@ class HaloStrategy:
 
     def partition(self, full: Batch | None, device=None) -> Batch:
         """Rank 0's full batch -> this rank's owned batch (atoms sorted by system)."""
-        parts = None
+        parts, error = None, None
         if self.rank == 0:
-            if full is None:
-                raise InputError("partition() needs the full system on rank 0; got None there")
-            full = full.clone()
-            check_domain_inputs(full)
-            wrap_positions(full)
-            owner = self.owners(full)
-            parts = [full.select_atoms(owner == r).to("cpu") for r in range(self.world_size)]
+            try:
+                parts = self._split(full)
+            except Exception as exc:  # noqa: BLE001 - raised on every rank just below
+                error = exc
+        agree_on_errors(error, self.group)
         parts = _scatter_objects(parts, self.group, self.world_size)
         owned = parts.to(device) if device is not None else parts
         self.grid_for(owned.cell)
         self.state = None
         return owned
+
+    def _split(self, full: Batch | None) -> list[Batch]:
+        if full is None:
+            raise InputError("partition() needs the full system on rank 0; got None there")
+        full = full.clone()
+        check_domain_inputs(full)
+        wrap_positions(full)
+        owner = self.owners(full)
+        return [full.select_atoms(owner == r).to("cpu") for r in range(self.world_size)]
 
     def migrate(self, batch: Batch) -> None:
         """Send owned atoms that left the subdomain to their owner; updates ``batch`` in place."""

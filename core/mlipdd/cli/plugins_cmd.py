@@ -1,0 +1,71 @@
+"""``mlipdd plugins``: what was discovered, with versions, and what failed to load."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from mlipdd import plugins
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "plugins",
+        help="list installed plugins, their models and presets, and plugins that failed to load",
+        description="List installed mlipdd plugins (entry-point group 'mlipdd') with versions, "
+        "the models and presets they register, and plugins that failed to load.",
+    )
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parser.add_argument(
+        "--strict", action="store_true", help="exit with status 1 if any plugin failed to load"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    reg = plugins.registry()
+    if args.json:
+        print(json.dumps(as_dict(reg), indent=2))
+    else:
+        print(format_text(reg))
+    return 1 if args.strict and reg.failed else 0
+
+
+def as_dict(reg: plugins.Registry) -> dict:
+    return {
+        "autoload": not plugins.autoload_disabled(),
+        "plugins": [info._asdict() for info in reg.plugins],
+        "models": {
+            name: {"plugin": entry.plugin, "description": entry.description}
+            for name, entry in sorted(reg.models.items())
+        },
+        "presets": {name: reg.preset_plugins[name] for name in sorted(reg.presets)},
+        "spec_modules": sorted(reg.spec_modules),
+        "failed": [failure._asdict() for failure in reg.failed],
+    }
+
+
+def format_text(reg: plugins.Registry) -> str:
+    autoload = "off" if plugins.autoload_disabled() else "on"
+    lines = [f"Plugins ({len(reg.plugins)} loaded, entry-point autoload {autoload}):"]
+    width = max([len(p.name) for p in reg.plugins] + [len(n) for n in reg.models] + [4])
+    for info in reg.plugins:
+        source = f"{info.dist} {info.version}" if info.dist else "(registered in-process)"
+        lines.append(f"  {info.name:<{width}}  {source}")
+    lines.append("Models:")
+    for name, entry in sorted(reg.models.items()):
+        description = f"  {entry.description}" if entry.description else ""
+        lines.append(f"  {name:<{width}}  [{entry.plugin}]{description}")
+    if not reg.models:
+        lines.append("  (none)")
+    lines.append("Presets:")
+    for name in sorted(reg.presets):
+        lines.append(f"  {name}  [{reg.preset_plugins[name]}]")
+    if not reg.presets:
+        lines.append("  (none)")
+    lines.append(f"Spec modules: {', '.join(sorted(reg.spec_modules)) or '(none)'}")
+    if reg.failed:
+        lines.append("Failed plugins (skipped):")
+        for failure in reg.failed:
+            lines.append(f"  {failure.name}: {failure.error}")
+    return "\n".join(lines)

@@ -1,0 +1,379 @@
+"""Plugin manager and registry: find plugins, collect what they register, look it up.
+
+Discovery order: the built-in plugin, then every entry point of group ``"mlipdd"``
+(its value is a module path; the module is the plugin), then plugins registered by
+hand with :func:`register_plugin` (test fixtures). A plugin that fails to import is
+reported (a warning, and an entry in ``registry().failed``) and skipped, so one broken
+third-party package never takes the others down. ``MLIPDD_DISABLE_PLUGIN_AUTOLOAD=1``
+turns entry-point discovery off; the built-in plugin stays.
+
+The registry is built once and cached; :func:`reset_registry` forgets it (and the
+manager) so the next call discovers again.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import pluggy
+
+from mlipdd import hookspecs
+from mlipdd.hookspecs import PROJECT_NAME, hookimpl
+
+__all__ = [
+    "AUTOLOAD_ENV_VAR",
+    "ENTRY_POINT_GROUP",
+    "DuplicateRegistrationError",
+    "PluginError",
+    "UnknownNameError",
+    "create_model",
+    "get_plugin_manager",
+    "get_preset",
+    "hookimpl",
+    "register_plugin",
+    "registry",
+    "reset_registry",
+    "unregister_plugin",
+    "wrap_model",
+]
+
+ENTRY_POINT_GROUP = "mlipdd"
+AUTOLOAD_ENV_VAR = "MLIPDD_DISABLE_PLUGIN_AUTOLOAD"
+BUILTIN_PLUGIN_NAME = "builtin"
+
+# Which extra to suggest when nobody recognises an object from this top-level package.
+# Only a hint in an error message: the core never imports a plugin by name.
+_INSTALL_HINTS = {
+    "mace": "mlipdd[mace]",
+    "fairchem": "mlipdd[uma]",
+    "aimnet": "mlipdd[aimnet2]",
+    "aimnet2": "mlipdd[aimnet2]",
+}
+
+
+class PluginError(RuntimeError):
+    """A plugin misbehaved, or asked-for plugin content does not exist."""
+
+
+class DuplicateRegistrationError(PluginError):
+    """Two plugins registered the same name."""
+
+
+class UnknownNameError(PluginError, LookupError):
+    """A model or preset name that no loaded plugin registered."""
+
+
+class ModelEntry(NamedTuple):
+    factory: Callable[..., Any]
+    description: str
+    plugin: str
+
+
+class PluginInfo(NamedTuple):
+    name: str
+    dist: str | None  # None for plugins registered by hand
+    version: str | None
+
+
+class FailedPlugin(NamedTuple):
+    name: str
+    error: str
+
+
+@dataclass
+class Registry:
+    """Everything the loaded plugins registered. Built by :func:`registry`."""
+
+    models: dict[str, ModelEntry] = field(default_factory=dict)
+    presets: dict[str, object] = field(default_factory=dict)
+    preset_plugins: dict[str, str] = field(default_factory=dict)
+    spec_modules: set[str] = field(default_factory=set)
+    plugins: list[PluginInfo] = field(default_factory=list)
+    failed: list[FailedPlugin] = field(default_factory=list)
+
+
+# Module state. NOTE [one manager per process]: hooks are process-global on purpose;
+# every rank of a distributed run discovers the same plugins from the same install.
+_manager: pluggy.PluginManager | None = None
+_registry: Registry | None = None
+_plugin_info: dict[str, PluginInfo] = {}
+_load_failures: list[FailedPlugin] = []
+_manual_plugins: dict[str, object] = {}  # survive reset_registry(), until unregistered
+
+
+def autoload_disabled() -> bool:
+    value = os.environ.get(AUTOLOAD_ENV_VAR, "").strip().lower()
+    return value not in ("", "0", "false", "no", "off")
+
+
+def get_plugin_manager() -> pluggy.PluginManager:
+    """The process-wide plugin manager, created and populated on first use."""
+    global _manager
+    if _manager is None:
+        _manager = _new_manager()
+    return _manager
+
+
+def _new_manager() -> pluggy.PluginManager:
+    _plugin_info.clear()
+    _load_failures.clear()
+    manager = pluggy.PluginManager(PROJECT_NAME)
+    manager.add_hookspecs(hookspecs)
+    from mlipdd import __version__, builtin_plugin
+
+    _add_plugin(
+        manager,
+        builtin_plugin,
+        BUILTIN_PLUGIN_NAME,
+        PluginInfo(BUILTIN_PLUGIN_NAME, "mlipdd", __version__),
+    )
+    if not autoload_disabled():
+        _load_entry_points(manager)
+    for name, plugin in _manual_plugins.items():
+        _add_plugin(manager, plugin, name, PluginInfo(name, None, None))
+    return manager
+
+
+def _load_entry_points(manager: pluggy.PluginManager) -> None:
+    # A dist installed after interpreter start (tests, notebooks) is otherwise missed.
+    importlib.invalidate_caches()
+    seen: set[str] = set()
+    # Sorted by name so every machine (and every rank) registers in the same order.
+    entry_points = sorted(
+        importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name
+    )
+    for entry_point in entry_points:
+        if entry_point.name in seen:
+            # The same dist visible twice on sys.path (editable + regular) is not a clash.
+            continue
+        seen.add(entry_point.name)
+        dist = getattr(entry_point, "dist", None)
+        info = PluginInfo(
+            entry_point.name,
+            dist.metadata["Name"] if dist is not None else None,
+            dist.version if dist is not None else None,
+        )
+        try:
+            plugin = entry_point.load()
+        except Exception as exc:  # noqa: BLE001 - any import-time error means "skip it"
+            _report_failure(
+                info, f"import of {entry_point.value!r} failed: {type(exc).__name__}: {exc}"
+            )
+            continue
+        _add_plugin(manager, plugin, entry_point.name, info)
+
+
+def _add_plugin(manager: pluggy.PluginManager, plugin: object, name: str, info: PluginInfo) -> None:
+    if manager.has_plugin(name):
+        _report_failure(info, f"another plugin is already registered under the name {name!r}")
+        return
+    try:
+        manager.register(plugin, name=name)
+    except Exception as exc:  # noqa: BLE001 - pluggy validation errors: bad hook signature
+        _report_failure(info, f"{type(exc).__name__}: {exc}")
+        return
+    unknown = [
+        caller.name for caller in manager.get_hookcallers(plugin) or [] if not caller.has_spec()
+    ]
+    if unknown:
+        manager.unregister(plugin)
+        known = ", ".join(sorted(n for n in dir(hookspecs) if n.startswith("mlipdd_")))
+        _report_failure(
+            info, f"implements unknown hook(s) {', '.join(unknown)}; known hooks: {known}"
+        )
+        return
+    _plugin_info[name] = info
+
+
+def _report_failure(info: PluginInfo, error: str) -> None:
+    _warn_skipped(info, error)
+    _load_failures.append(FailedPlugin(info.name, error))
+
+
+def _warn_skipped(info: PluginInfo, error: str) -> None:
+    dist = f" (from {info.dist} {info.version})" if info.dist else ""
+    warnings.warn(
+        f"mlipdd plugin {info.name!r}{dist} skipped: {error}", RuntimeWarning, stacklevel=4
+    )
+
+
+def registry() -> Registry:
+    """What all loaded plugins registered (cached; see :func:`reset_registry`)."""
+    global _registry
+    if _registry is None:
+        _registry = _build_registry(get_plugin_manager())
+    return _registry
+
+
+def _build_registry(manager: pluggy.PluginManager) -> Registry:
+    reg = Registry(failed=list(_load_failures))
+
+    def model_registrar(plugin: str):
+        def register(name: str, factory: Callable[..., Any], description: str = "") -> None:
+            _check_name("model", name, plugin)
+            if not callable(factory):
+                raise PluginError(
+                    f"plugin {plugin!r} registered model {name!r} with a non-callable factory {factory!r}"
+                )
+            if name in reg.models:
+                _duplicate("model", name, reg.models[name].plugin, plugin)
+            reg.models[name] = ModelEntry(factory, description, plugin)
+
+        return register
+
+    def preset_registrar(plugin: str):
+        def register(name: str, spec: object) -> None:
+            _check_name("preset", name, plugin)
+            if name in reg.presets:
+                _duplicate("preset", name, reg.preset_plugins[name], plugin)
+            reg.presets[name] = spec
+            reg.preset_plugins[name] = plugin
+
+        return register
+
+    def spec_module_registrar(plugin: str):
+        def register(module_path: str) -> None:
+            if not isinstance(module_path, str) or not all(
+                p.isidentifier() for p in module_path.split(".")
+            ):
+                raise PluginError(
+                    f"plugin {plugin!r} allow-listed {module_path!r}, which is not a dotted module path"
+                )
+            reg.spec_modules.add(module_path)
+
+        return register
+
+    broken: set[str] = set()
+    for hook_name, make_registrar in (
+        ("mlipdd_register_models", model_registrar),
+        ("mlipdd_register_presets", preset_registrar),
+        ("mlipdd_register_spec_modules", spec_module_registrar),
+    ):
+        # Call each implementation ourselves (in registration order) rather than through
+        # pluggy's fan-out, so the callback knows which plugin is registering.
+        for impl in getattr(manager.hook, hook_name).get_hookimpls():
+            if impl.plugin_name in broken or impl.hookwrapper or impl.wrapper:
+                continue
+            register = make_registrar(impl.plugin_name)
+            try:
+                impl.function(**{arg: register for arg in impl.argnames})
+            except PluginError:
+                raise  # duplicates and bad registrations are errors of the install, not skips
+            except Exception as exc:  # noqa: BLE001 - a crashing plugin is skipped, not fatal
+                broken.add(impl.plugin_name)
+                message = f"{hook_name} raised {type(exc).__name__}: {exc}"
+                _warn_skipped(_plugin_info[impl.plugin_name], message)
+                reg.failed.append(FailedPlugin(impl.plugin_name, message))
+    # A plugin that crashed part-way is skipped whole: drop what it did register.
+    reg.models = {n: e for n, e in reg.models.items() if e.plugin not in broken}
+    reg.presets = {n: s for n, s in reg.presets.items() if reg.preset_plugins[n] not in broken}
+    reg.preset_plugins = {n: p for n, p in reg.preset_plugins.items() if p not in broken}
+    reg.plugins = [info for name, info in _plugin_info.items() if name not in broken]
+    return reg
+
+
+def _check_name(kind: str, name: object, plugin: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise PluginError(
+            f"plugin {plugin!r} registered a {kind} with an invalid name {name!r}; use a non-empty str"
+        )
+
+
+def _duplicate(kind: str, name: str, first: str, second: str) -> None:
+    raise DuplicateRegistrationError(
+        f"{kind} {name!r} is registered by both plugin {first!r} and plugin {second!r}; "
+        f"uninstall one of them or disable one with {AUTOLOAD_ENV_VAR}=1 and register the other by hand"
+    )
+
+
+def reset_registry() -> None:
+    """Forget the registry and the manager; the next call discovers plugins again.
+
+    Plugins added with :func:`register_plugin` are kept until :func:`unregister_plugin`.
+    """
+    global _manager, _registry
+    _manager = None
+    _registry = None
+
+
+def register_plugin(plugin: object, name: str) -> None:
+    """Register a plugin module or object by hand (test fixtures, notebooks)."""
+    if name in _manual_plugins:
+        raise PluginError(
+            f"a plugin named {name!r} is already registered by hand; unregister_plugin({name!r}) first"
+        )
+    _manual_plugins[name] = plugin
+    global _registry
+    _registry = None
+    if _manager is not None:
+        _add_plugin(_manager, plugin, name, PluginInfo(name, None, None))
+
+
+def unregister_plugin(name: str) -> None:
+    """Undo :func:`register_plugin` (or drop a discovered plugin) by name."""
+    global _registry
+    _manual_plugins.pop(name, None)
+    _plugin_info.pop(name, None)
+    _load_failures[:] = [failure for failure in _load_failures if failure.name != name]
+    if _manager is not None and _manager.has_plugin(name):
+        _manager.unregister(name=name)
+    _registry = None
+
+
+def create_model(name: str, **kwargs: Any):
+    """Build the model registered as ``name``; ``kwargs`` go to its factory."""
+    reg = registry()
+    if name not in reg.models:
+        raise UnknownNameError(_unknown_message("model", name, reg.models, reg))
+    return reg.models[name].factory(**kwargs)
+
+
+def get_preset(name: str) -> object:
+    """The distribution spec registered as preset ``name``."""
+    reg = registry()
+    if name not in reg.presets:
+        raise UnknownNameError(_unknown_message("preset", name, reg.presets, reg))
+    return reg.presets[name]
+
+
+def _unknown_message(kind: str, name: str, known: dict, reg: Registry) -> str:
+    listed = ", ".join(sorted(known)) or "(none)"
+    message = f"unknown {kind} {name!r}; known {kind}s: {listed}. `mlipdd plugins` shows what is installed."
+    if reg.failed:
+        failed = "; ".join(f"{f.name}: {f.error}" for f in reg.failed)
+        message += f" Some plugins failed to load and may have provided it: {failed}"
+    return message
+
+
+def wrap_model(model: object, **options: Any):
+    """Return ``model`` as a ``ModelWrapper``, asking plugins to wrap raw upstream models."""
+    from mlipdd.models.base import ModelWrapper
+
+    if isinstance(model, ModelWrapper):
+        return model
+    registry()  # surfaces load failures and duplicates before the lookup
+    wrapped = get_plugin_manager().hook.mlipdd_wrap_model(model=model, options=options)
+    kind = f"{type(model).__module__}.{type(model).__qualname__}"
+    if wrapped is None:
+        top = type(model).__module__.split(".")[0]
+        hint = _INSTALL_HINTS.get(top)
+        fix = (
+            f"install it with `pip install '{hint}'`"
+            if hint
+            else "install the mlipdd plugin for that model family"
+        )
+        raise PluginError(
+            f"no installed mlipdd plugin recognises a model of type {kind}; {fix}, "
+            "or pass a ModelWrapper. `mlipdd plugins` lists the installed plugins."
+        )
+    if not isinstance(wrapped, ModelWrapper):
+        raise PluginError(
+            f"a plugin's mlipdd_wrap_model returned {type(wrapped).__name__} for {kind}; it must return a ModelWrapper"
+        )
+    return wrapped

@@ -18,6 +18,7 @@ from mlipdd.dynamics import (
     GlobalReducer,
     NeighborListHook,
     NVTLangevin,
+    ProgressBar,
     ThermoLogger,
     TrajectoryWriter,
     initialize_velocities,
@@ -221,3 +222,49 @@ def test_every_global_sum_goes_through_the_reducer(model):
     before = reducer.calls
     dyn.temperature()
     assert reducer.calls > before >= 3  # bath ledger once per step
+
+
+def test_no_neighbor_hook_for_models_that_build_their_own(model):
+    model.manages_neighbor_list = True
+    assert not any(isinstance(h, NeighborListHook) for h in NVE(model, dt=1.0).hooks)
+    assert not any(
+        isinstance(h, NeighborListHook) for h in NVE(LennardJones(), dt=1.0, skin=None).hooks
+    )
+
+
+def test_progress_bar_draws_only_for_long_runs(model):
+    shown, hidden = io.StringIO(), io.StringIO()
+    hooks = [
+        ProgressBar(shown, min_seconds=0.0, interval=0.0),
+        ProgressBar(hidden, min_seconds=1e6),
+    ]
+    NVE(model, dt=1.0, hooks=hooks).run(rattled_argon(), 4)
+    assert "step 4/4" in shown.getvalue() and shown.getvalue().endswith("\n")
+    assert hidden.getvalue() == ""
+
+
+def test_several_systems_in_one_batch(model, tmp_path):
+    import ase.io
+
+    cold, hot = rattled_argon(seed=1), rattled_argon(seed=2)
+    both = Batch.from_data_list([cold.clone(), hot.clone()])
+    NVE(model, dt=2.0).run(cold, 10)
+    logger = ThermoLogger(io.StringIO(), frequency=10)
+    writer = TrajectoryWriter(tmp_path / "two.extxyz", frequency=10)
+    NVE(model, dt=2.0, hooks=[logger, writer]).run(both, 10)
+    torch.testing.assert_close(both.positions[:108], cold.positions, rtol=0, atol=1e-10)
+    assert [r["system"] for r in logger.records] == [0, 1, 0, 1]
+    assert len(ase.io.read(tmp_path / "two.extxyz", ":")) == 4  # 2 systems x (step 0, 10)
+
+
+def test_langevin_per_system_temperatures(model):
+    both = Batch.from_data_list([lj_liquid(2, temperature=50.0), lj_liquid(2, temperature=150.0)])
+    logger = ThermoLogger(io.StringIO(), frequency=2)
+    NVTLangevin(model, dt=4.0, temperature=[50.0, 150.0], friction=0.05, hooks=[logger]).run(
+        both, 500
+    )
+    for system, target in ((0, 50.0), (1, 150.0)):
+        temps = [
+            r["temperature"] for r in logger.records if r["system"] == system and r["step"] > 100
+        ]
+        assert np.mean(temps) == pytest.approx(target, rel=0.15)

@@ -101,7 +101,8 @@ class BaseDynamics:
     compute_stress=...)`` returning "energy" and "forces"). ``dt`` is in fs. ``reduce``
     is the coordinator for global sums (single-process by default). When the model
     declares a cutoff and no `NeighborListHook` is among ``hooks``, one with a
-    ``skin`` Angstrom Verlet skin is put first; pass ``skin=None`` to add none.
+    ``skin`` Angstrom Verlet skin is put first; pass ``skin=None`` to add none (models
+    with ``manages_neighbor_list = True`` get none either).
     """
 
     # fields the integrator reads on top of positions/masses; checked at `run`
@@ -158,7 +159,9 @@ class BaseDynamics:
         from mlipdd.dynamics.hooks.neighbor_list import NeighborListHook
 
         cutoff = getattr(self.model, "cutoff", None)
-        if skin is None or cutoff is None:
+        # a model that builds its own lists (a distributed model builds one per
+        # subdomain, with ghosts) says so with `manages_neighbor_list = True`
+        if skin is None or cutoff is None or getattr(self.model, "manages_neighbor_list", False):
             return
         if any(isinstance(h, NeighborListHook) for h in self.hooks):
             return
@@ -193,10 +196,12 @@ class BaseDynamics:
                 f"the model returned {sorted(out)} but dynamics needs {sorted(missing)} too; "
                 "check the wrapper's forward"
             )
-        batch.energy = out["energy"].detach()
-        batch.forces = out["forces"].detach()
+        # detached so no autograd node of this step outlives it
+        out = {k: v.detach() if torch.is_tensor(v) else v for k, v in out.items()}
+        batch.energy = out["energy"]
+        batch.forces = out["forces"]
         if "stress" in out:
-            batch.stress = out["stress"].detach()
+            batch.stress = out["stress"]
         self.outputs = out
         if self.nan_check_every and self.step_count % self.nan_check_every == 0:
             self._check_finite_energy()

@@ -10,7 +10,7 @@ from mlipdd.dynamics.base import DynamicsStage
 
 
 class ProgressBar:
-    """Shows ``step n/N, steps/s, ETA`` on ``stream`` (stderr), at most once per second.
+    """Shows ``step n/N, steps/s, ETA`` on ``stream`` (stderr), at most every ``interval`` s.
 
     Stays silent for runs expected to end within ``min_seconds`` of wall time, so
     short runs and tests print nothing. Only the root rank prints.
@@ -19,10 +19,17 @@ class ProgressBar:
     stage = (DynamicsStage.BEFORE_RUN, DynamicsStage.AFTER_STEP, DynamicsStage.AFTER_RUN)
     frequency = 1
 
-    def __init__(self, stream: IO[str] | None = None, min_seconds: float = 5.0, width: int = 30):
+    def __init__(
+        self,
+        stream: IO[str] | None = None,
+        min_seconds: float = 5.0,
+        width: int = 30,
+        interval: float = 1.0,
+    ):
         self.stream = stream or sys.stderr
         self.min_seconds = float(min_seconds)
         self.width = int(width)
+        self.interval = float(interval)
         self._start = self._last_draw = 0.0
         self._first_step = 0
         self._drawn = False
@@ -41,7 +48,7 @@ class ProgressBar:
             return
         done, total = ctx.step - self._first_step, ctx.dynamics.target_step - self._first_step
         elapsed = now - self._start
-        if done <= 0 or total <= 0 or now - self._last_draw < 1.0:
+        if done <= 0 or total <= 0 or now - self._last_draw < self.interval:
             return
         rate = done / elapsed
         remaining = (total - done) / rate

@@ -268,3 +268,20 @@ def test_langevin_per_system_temperatures(model):
             r["temperature"] for r in logger.records if r["system"] == system and r["step"] > 100
         ]
         assert np.mean(temps) == pytest.approx(target, rel=0.15)
+
+
+def test_energy_turning_nan_stops_the_run(model):
+    class BlowsUp(torch.nn.Module):
+        cutoff = None
+
+        def forward(self, batch, compute_stress=False):
+            out = model(batch)
+            if float(batch.positions[0, 0]) > 0.05:  # after the first drift step
+                out["energy"] = out["energy"] * math.nan
+            return out
+
+    batch = rattled_argon()
+    batch.positions[0, 0] = 0.0
+    batch.velocities[0] = torch.tensor([0.05, 0.0, 0.0]) / units.fs  # 0.05 A/fs along x
+    with pytest.raises(InputError, match="blew up.*lower the time step"):
+        NVE(BlowsUp(), dt=2.0).run(batch, 5)

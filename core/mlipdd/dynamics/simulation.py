@@ -138,9 +138,9 @@ def default_hooks(cfg: RunConfig, thermo_stream=None) -> list:
         output = io.StringIO()
     else:
         output = cfg.log_file or (thermo_stream if thermo_stream is not None else sys.stdout)
-    hooks: list = [
-        ThermoLogger(output, frequency=cfg.log_every if not quiet else max(1, int(cfg.steps)))
-    ]
+    # when quiet, still sample ~50 states so the summary's mean temperature means something
+    frequency = cfg.log_every if not quiet else max(1, int(cfg.steps) // 50)
+    hooks: list = [ThermoLogger(output, frequency=frequency)]
     if cfg.trajectory:
         hooks.append(TrajectoryWriter(cfg.trajectory, frequency=cfg.trajectory_every))
     if cfg.progress == "on" or (cfg.progress == "auto" and (quiet or cfg.log_file)):

@@ -30,22 +30,26 @@ FIXTURE_MODULES = ("mlipdd_fixture_good", "mlipdd_fixture_broken")
 MLIPDD_SCRIPT = Path(sys.executable).parent / "mlipdd"
 
 
-@pytest.fixture(scope="module")
-def fixture_site(tmp_path_factory) -> Path:
-    """Build both fixture dists once and pip-install them into a private site directory."""
-    work = tmp_path_factory.mktemp("fixture_plugins")
+def pip_install_into(target: Path, work: Path, *fixture_names: str) -> Path:
+    """Build fixture dists from a copy and pip-install them into ``target``."""
     sources = []
-    for name in ("good_plugin", "broken_plugin"):
+    for name in fixture_names:
         # Build from a copy: building in place would leave build/ and *.egg-info in tests/.
         shutil.copytree(FIXTURES / name, work / name)
         sources.append(str(work / name))
-    target = work / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
          "--no-index", "--target", str(target), *sources],
         check=True,
     )  # fmt: skip
     return target
+
+
+@pytest.fixture(scope="module")
+def fixture_site(tmp_path_factory) -> Path:
+    """The good and the broken fixture dists, installed once into a private site dir."""
+    work = tmp_path_factory.mktemp("fixture_plugins")
+    return pip_install_into(work / "site", work, "good_plugin", "broken_plugin")
 
 
 @pytest.fixture
@@ -137,6 +141,20 @@ def test_broken_plugin_is_reported_and_skipped_while_others_load(installed_fixtu
     names = [p.name for p in reg.plugins]
     assert "fixture_broken" not in names
     assert {"builtin", "fixture_good"} <= set(names)
+
+
+@pytest.mark.filterwarnings("ignore:.*'fixture_broken':RuntimeWarning")
+def test_second_dist_claiming_a_plugin_name_is_reported(installed_fixtures, tmp_path):
+    clash_site = pip_install_into(tmp_path / "site", tmp_path, "clash_plugin")
+    sys.path.insert(1, str(clash_site))  # after the good plugin's site: discovered second
+    try:
+        with pytest.warns(RuntimeWarning, match="mlipdd-fixture-clash"):
+            reg = plugins.registry()
+    finally:
+        sys.path.remove(str(clash_site))
+    (failure,) = [f for f in reg.failed if f.name == "fixture_good"]
+    assert "already taken by mlipdd-fixture-good" in failure.error
+    assert ("fixture_good", "mlipdd-fixture-good", "1.2.3") in reg.plugins
 
 
 def test_env_var_turns_autoload_off_and_keeps_builtin(installed_fixtures, monkeypatch):

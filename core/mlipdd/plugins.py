@@ -143,22 +143,28 @@ def _new_manager() -> pluggy.PluginManager:
 def _load_entry_points(manager: pluggy.PluginManager) -> None:
     # A dist installed after interpreter start (tests, notebooks) is otherwise missed.
     importlib.invalidate_caches()
-    seen: set[str] = set()
+    seen: dict[str, str | None] = {}  # entry-point name -> dist that claimed it
     # Sorted by name so every machine (and every rank) registers in the same order.
     entry_points = sorted(
         importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name
     )
     for entry_point in entry_points:
-        if entry_point.name in seen:
-            # The same dist visible twice on sys.path (editable + regular) is not a clash.
-            continue
-        seen.add(entry_point.name)
         dist = getattr(entry_point, "dist", None)
         info = PluginInfo(
             entry_point.name,
             dist.metadata["Name"] if dist is not None else None,
             dist.version if dist is not None else None,
         )
+        if entry_point.name in seen:
+            # The same dist visible twice on sys.path (editable + regular) is not a clash.
+            if seen[entry_point.name] != info.dist:
+                _report_failure(
+                    info,
+                    f"plugin name {entry_point.name!r} is already taken by "
+                    f"{seen[entry_point.name]}; uninstall one of the two distributions",
+                )
+            continue
+        seen[entry_point.name] = info.dist
         try:
             plugin = entry_point.load()
         except Exception as exc:  # noqa: BLE001 - any import-time error means "skip it"
@@ -192,14 +198,10 @@ def _add_plugin(manager: pluggy.PluginManager, plugin: object, name: str, info: 
 
 
 def _report_failure(info: PluginInfo, error: str) -> None:
-    _warn_skipped(info, error)
     _load_failures.append(FailedPlugin(info.name, error))
-
-
-def _warn_skipped(info: PluginInfo, error: str) -> None:
     dist = f" (from {info.dist} {info.version})" if info.dist else ""
     warnings.warn(
-        f"mlipdd plugin {info.name!r}{dist} skipped: {error}", RuntimeWarning, stacklevel=4
+        f"mlipdd plugin {info.name!r}{dist} skipped: {error}", RuntimeWarning, stacklevel=2
     )
 
 
@@ -212,7 +214,8 @@ def registry() -> Registry:
 
 
 def _build_registry(manager: pluggy.PluginManager) -> Registry:
-    reg = Registry(failed=list(_load_failures))
+    reg = Registry()
+    spec_module_sources: list[tuple[str, str]] = []  # (module, plugin), filtered at the end
 
     def model_registrar(plugin: str):
         def register(name: str, factory: Callable[..., Any], description: str = "") -> None:
@@ -245,7 +248,7 @@ def _build_registry(manager: pluggy.PluginManager) -> Registry:
                 raise PluginError(
                     f"plugin {plugin!r} allow-listed {module_path!r}, which is not a dotted module path"
                 )
-            reg.spec_modules.add(module_path)
+            spec_module_sources.append((module_path, plugin))
 
         return register
 
@@ -266,15 +269,21 @@ def _build_registry(manager: pluggy.PluginManager) -> Registry:
             except PluginError:
                 raise  # duplicates and bad registrations are errors of the install, not skips
             except Exception as exc:  # noqa: BLE001 - a crashing plugin is skipped, not fatal
+                # Skipped like a plugin that failed to import: out of the manager too,
+                # so its lookup hooks (wrap_model) are not asked either.
                 broken.add(impl.plugin_name)
-                message = f"{hook_name} raised {type(exc).__name__}: {exc}"
-                _warn_skipped(_plugin_info[impl.plugin_name], message)
-                reg.failed.append(FailedPlugin(impl.plugin_name, message))
+                _report_failure(
+                    _plugin_info.pop(impl.plugin_name),
+                    f"{hook_name} raised {type(exc).__name__}: {exc}",
+                )
+                manager.unregister(name=impl.plugin_name)
     # A plugin that crashed part-way is skipped whole: drop what it did register.
+    reg.spec_modules = {module for module, plugin in spec_module_sources if plugin not in broken}
     reg.models = {n: e for n, e in reg.models.items() if e.plugin not in broken}
     reg.presets = {n: s for n, s in reg.presets.items() if reg.preset_plugins[n] not in broken}
     reg.preset_plugins = {n: p for n, p in reg.preset_plugins.items() if p not in broken}
-    reg.plugins = [info for name, info in _plugin_info.items() if name not in broken]
+    reg.plugins = list(_plugin_info.values())
+    reg.failed = list(_load_failures)
     return reg
 
 

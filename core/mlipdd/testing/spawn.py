@@ -30,7 +30,10 @@ def _context():
     global _CTX
     if _CTX is None:
         _CTX = mp.get_context("forkserver")
-        _CTX.set_forkserver_preload(["torch", "mlipdd.shard", "mlipdd.distributed.model"])
+        # Heavy model packages (e.g. MLIPDD_SPAWN_PRELOAD=mace.modules) are imported once in
+        # the server instead of once per rank per test.
+        extra = [m for m in os.environ.get("MLIPDD_SPAWN_PRELOAD", "").split(",") if m]
+        _CTX.set_forkserver_preload(["torch", "mlipdd.shard", "mlipdd.distributed.model", *extra])
     return _CTX
 
 

@@ -223,3 +223,14 @@ def test_config_and_spec(model):
     assert model.model_config.neighbor_config.cutoff == RC
     assert model.distribution_spec() is None
     assert LennardJones(sigma=2.0).cutoff == 6.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_equals_ase(model):
+    atoms = argon_crystal(9)
+    out = model.to("cuda")(AtomicData.from_ase(atoms, device="cuda"), compute_stress=True)
+    ref = ase_results(atoms)
+    assert out["forces"].device.type == "cuda"
+    assert_close(out["energy"][0].cpu(), ref["energy"])
+    assert_close(out["forces"].cpu(), ref["forces"])
+    assert_close(out["stress"][0].cpu(), ref["stress"])

@@ -249,3 +249,36 @@ def test_list_built_with_skin_stays_valid_within_half_skin():
     vec = stale.edge_vectors(moved.positions, moved.cell, moved.batch)
     kept = stale.select(vec.norm(dim=1) < cutoff)
     assert as_edge_set(kept) == as_edge_set(build_neighbor_list(moved, cutoff))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(
+    "cell, pbc, n, cutoff",
+    [
+        (np.array([[6.0, 0.0, 0.0], [1.2, 6.5, 0.0], [-0.7, 0.4, 5.8]]), True, 60, 3.0),
+        (np.array([[7.0, 0.0, 0.0], [0.8, 6.5, 0.0], [0.4, -0.6, 2.2]]), True, 12, 3.0),
+        (
+            np.array([[6.0, 0.0, 0.0], [1.5, 5.5, 0.0], [0.0, 0.0, 0.0]]),
+            [True, True, False],
+            40,
+            3.0,
+        ),
+        (np.zeros((3, 3)), False, 40, 2.5),
+    ],
+    ids=["triclinic", "thin", "slab", "open"],
+)
+def test_cuda_list_equals_brute_force(cell, pbc, n, cutoff):
+    rng = np.random.default_rng(16)
+    extent = np.where(np.linalg.norm(cell, axis=1) > 0, 1.0, 0.0)[:, None] * cell + np.diag(
+        np.where(np.linalg.norm(cell, axis=1) > 0, 0.0, 7.0)
+    )
+    data = AtomicData(rng.random((n, 3)) @ extent, np.ones(n, int), cell=cell, pbc=pbc)
+    cuda = data.to("cuda")
+    neighbors = build_neighbor_list(cuda, cutoff)
+    assert neighbors.edge_index.device.type == "cuda"
+    assert neighbors.unit_shifts.device.type == "cuda"
+    assert as_edge_set(neighbors) == brute_force_edges(
+        data.positions, cell, data.pbc[0].tolist(), cutoff
+    )
+    cpu = build_neighbor_list(data, cutoff)
+    assert torch.equal(neighbors.edge_index.cpu(), cpu.edge_index)  # same deterministic order

@@ -282,3 +282,20 @@ def test_cuda_list_equals_brute_force(cell, pbc, n, cutoff):
     )
     cpu = build_neighbor_list(data, cutoff)
     assert torch.equal(neighbors.edge_index.cpu(), cpu.edge_index)  # same deterministic order
+
+
+def test_batch_with_interleaved_system_rows():
+    rng = np.random.default_rng(17)
+    first = random_system(rng, 14, np.eye(3) * 5.0 + 0.3 * (1 - np.eye(3)), True)
+    second = random_system(rng, 11, np.diag([4.5, 6.0, 9.0]), [True, False, True])
+    batch = Batch.from_data_list([first, second])
+    perm = torch.as_tensor(rng.permutation(batch.num_atoms))
+    shuffled = batch.select_atoms(perm)  # rows of the two systems interleave
+    assert not bool((shuffled.batch.diff() >= 0).all())
+    edges = as_edge_set(build_neighbor_list(shuffled, 2.9))
+    new_row_of = torch.argsort(perm)  # old row -> new row
+    expected = {
+        (int(new_row_of[i]), int(new_row_of[j]), s)
+        for i, j, s in as_edge_set(build_neighbor_list(batch, 2.9))
+    }
+    assert edges == expected

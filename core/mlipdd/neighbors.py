@@ -134,10 +134,13 @@ def build_neighbor_list(batch: Batch, cutoff: float, full_list: bool = True) -> 
 
     calculator = _VesinNeighborList(cutoff=cutoff, full_list=full_list)
     edges, shifts = [], []
-    single_system = batch.num_systems == 1
-    for s in range(batch.num_systems):
+    if batch.num_systems == 1:
+        rows_of_system = [None]
+    else:  # one stable sort groups the rows of each system (rows need not be contiguous)
+        counts = torch.bincount(system_of_atom, minlength=batch.num_systems).tolist()
+        rows_of_system = torch.sort(system_of_atom, stable=True).indices.split(counts)
+    for s, rows in enumerate(rows_of_system):
         _check_periodic_cell(cell[s], pbc[s], s)
-        rows = None if single_system else torch.nonzero(system_of_atom == s).flatten()
         points = positions if rows is None else positions.index_select(0, rows)
         if points.shape[0] == 0:
             continue

@@ -1,0 +1,176 @@
+"""Auto-fix rules: a failed attempt's symptom -> a mutated spec to try next.
+
+Each rule is ``rule(report, spec) -> MLIPSpec | None``: it looks at the last attempt in
+``report`` (diffs, per-rank copies of replicated outputs, handler firings, error) and
+proposes a spec that removes one recognised cause, or None when its symptom is absent.
+`AUTOFIX_RULES` is tried in order; the validator skips proposals it has already run.
+Rules come first when their symptom is unambiguous (a factor of world size, per-rank
+partials that sum to the truth) and last when they are a plausible guess.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from mlipdd.spec import HaloStoragePolicy, MLIPSpec, OutputKind
+from mlipdd.testing.conformance import relative_difference
+from mlipdd.validate.report import Attempt, ValidationReport
+
+Rule = Callable[[ValidationReport, MLIPSpec], "MLIPSpec | None"]
+
+# how close a recognised pattern must be: loose, since a wrong spec is wrong by O(1)
+_PATTERN_TOL = 1e-6
+_SYSTEM_REDUCTION_HANDLERS = ("per_system_reduce", "global_sum")
+
+
+def _matches(value, reference) -> bool:
+    if value is None or reference is None or value.shape != reference.shape:
+        return False
+    if not bool(reference.abs().max() > 0):
+        return False  # a zero reference matches every multiple of itself
+    return relative_difference(value.to(reference.dtype), reference) <= _PATTERN_TOL
+
+
+def _wrong(attempt: Attempt, name: str) -> bool:
+    diff = attempt.diffs.get(name)
+    return diff is not None and not diff.ok
+
+
+def _per_graph_outputs(spec: MLIPSpec) -> list[str]:
+    """Per-system outputs the validator compares (energy and stress unless declared otherwise)."""
+    names = ["energy", "stress"]
+    return [n for n in names if spec.kind_of(n) in (OutputKind.PER_GRAPH, OutputKind.GLOBAL, OutputKind.UNKNOWN)]
+
+
+def use_halo_policy_for_the_halo_strategy(report: ValidationReport, spec: MLIPSpec):
+    """Symptom: the run refuses the spec because its policy (sharded, graph-parallel) does
+    not fit the halo strategy the validator runs. Fix: halo storage with default rules."""
+    attempt = report.last
+    if attempt.error and "does not fit the halo strategy" in attempt.error:
+        return spec.replace(policy=HaloStoragePolicy())
+    return None
+
+
+def drop_redundant_all_reduce(report: ValidationReport, spec: MLIPSpec):
+    """Symptom: an output listed in ``all_reduce_outputs`` comes out exactly world_size
+    times too big: it was already replicated (energy after per-system reductions), and
+    summing W equal copies multiplies it. Fix: drop it from ``all_reduce_outputs``."""
+    attempt, world = report.last, report.world_size
+    redundant = set()
+    for name in spec.all_reduce_outputs:
+        reference = report.reference.get(name)
+        if world > 1 and reference is not None and _wrong(attempt, name):
+            if _matches(attempt.outputs.get(name), world * reference):
+                redundant.add(name)
+    return spec.replace(all_reduce_outputs=spec.all_reduce_outputs - redundant) if redundant else None
+
+
+def swap_local_scatter_for_halo_correction(report: ValidationReport, spec: MLIPSpec):
+    """Symptom: energy or forces wrong under a local policy or a halo policy with
+    ``scatter="local"``: messages scattered into ghost rows never reach their owners and
+    ghost features go stale after the first layer (owned atoms near the boundary are
+    wrong). Fix: halo storage with halo-corrected scatters and halo reads."""
+    attempt, policy = report.last, spec.policy
+    if attempt.error or not (_wrong(attempt, "energy") or _wrong(attempt, "forces")):
+        return None
+    if policy.is_local():
+        return spec.replace(policy=HaloStoragePolicy())
+    if policy.is_halo() and policy.scatter == "local":
+        return spec.replace(policy=HaloStoragePolicy("halo_correction", "halo_read", policy.system_reductions))
+    return None
+
+
+def enable_system_reductions(report: ValidationReport, spec: MLIPSpec):
+    """Symptom: energy wrong and no per-system reduction handler fired: each rank summed
+    its own rows (ghost mirrors included) into the per-system energy without a cross-rank
+    sum. Fix: ``system_reductions=True`` on the policy."""
+    attempt, policy = report.last, spec.policy
+    if attempt.error or not _wrong(attempt, "energy") or policy.system_reductions or policy.is_local():
+        return None
+    if any(attempt.handlers_fired.get(h) for h in _SYSTEM_REDUCTION_HANDLERS):
+        return None
+    return spec.replace(policy=type(policy)(**{**policy.rules(), "system_reductions": True}))
+
+
+def promote_partial_outputs(report: ValidationReport, spec: MLIPSpec):
+    """Symptom: a per-system output (energy, stress) differs on every rank, yet the ranks'
+    values add up to the single-process value: each rank holds a partial sum (stress from
+    the strain route, energy summed without a reduction). Fix: add it to
+    ``all_reduce_outputs``."""
+    attempt = report.last
+    if attempt.error or len(attempt.rank_outputs) < 2:
+        return None
+    partial = set()
+    for name in _per_graph_outputs(spec):
+        copies = [part.get(name) for part in attempt.rank_outputs]
+        if name in spec.all_reduce_outputs or not _wrong(attempt, name) or any(c is None for c in copies):
+            continue
+        if _matches(torch.stack(copies).sum(0), report.reference.get(name)):
+            partial.add(name)
+    return spec.replace(all_reduce_outputs=spec.all_reduce_outputs | partial) if partial else None
+
+
+def swap_halo_correction_for_local(report: ValidationReport, spec: MLIPSpec):
+    """Symptom: forces too large where atoms have ghosts, energy fine: ghost contributions
+    are counted twice, because the model already completes its per-atom sums on each rank
+    (e.g. it builds its own neighbour list with ghost receivers) and the halo correction
+    adds the ghost partials on top. Fix: ``scatter="local"``."""
+    attempt, policy = report.last, spec.policy
+    if attempt.error or not policy.is_halo() or policy.scatter != "halo_correction":
+        return None
+    if not _wrong(attempt, "forces") or _wrong(attempt, "energy"):
+        return None
+    forces, reference = attempt.outputs.get("forces"), report.reference.get("forces")
+    if forces is None or reference is None:
+        return None
+    bad = (forces - reference).norm(dim=-1) > attempt.diffs["forces"].tol * float(reference.abs().max())
+    if not bool(bad.any()) or not bool(forces[bad].norm(dim=-1).mean() > reference[bad].norm(dim=-1).mean()):
+        return None
+    return spec.replace(policy=HaloStoragePolicy("local", policy.gather, policy.system_reductions))
+
+
+def toggle_owned_only_forces(report: ValidationReport, spec: MLIPSpec):
+    """Symptom: energy right, forces wrong. Forces marked owned-only skip the ghost
+    back-exchange, so autograd partials left on ghost rows are lost; forces that are
+    complete on the owner (computed directly) but accumulated get ghost rows added twice.
+    Fix: flip ``forces`` between ``owned_only_outputs`` and accumulated."""
+    attempt = report.last
+    if attempt.error or not _wrong(attempt, "forces") or _wrong(attempt, "energy"):
+        return None
+    if "forces" in spec.owned_only_outputs:
+        return spec.replace(owned_only_outputs=spec.owned_only_outputs - {"forces"})
+    if "forces" in spec.all_reduce_outputs:
+        return None
+    return spec.replace(owned_only_outputs=spec.owned_only_outputs | {"forces"})
+
+
+AUTOFIX_RULES: tuple[Rule, ...] = (
+    use_halo_policy_for_the_halo_strategy,
+    drop_redundant_all_reduce,
+    swap_local_scatter_for_halo_correction,
+    enable_system_reductions,
+    promote_partial_outputs,
+    swap_halo_correction_for_local,
+    toggle_owned_only_forces,
+)
+
+
+def describe_change(old: MLIPSpec, new: MLIPSpec) -> str:
+    """What differs between two specs, in spec-author terms."""
+    changes = []
+    if old.policy != new.policy:
+        changes.append(f"policy {_policy_text(old.policy)} -> {_policy_text(new.policy)}")
+    for field in ("all_reduce_outputs", "owned_only_outputs"):
+        before, after = getattr(old, field), getattr(new, field)
+        added = [f"+{n}" for n in sorted(after - before)]
+        removed = [f"-{n}" for n in sorted(before - after)]
+        if added or removed:
+            changes.append(f"{field} {' '.join(added + removed)}")
+    return "; ".join(changes) or "no change"
+
+
+def _policy_text(policy) -> str:
+    rules = ", ".join(f"{k}={v!r}" for k, v in policy.rules().items())
+    return f"{type(policy).__name__}({rules})"

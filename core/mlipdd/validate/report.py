@@ -1,0 +1,126 @@
+"""What `trace_and_validate` hands back: a verdict, a working spec, and what to do next."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+SAVE_HINT = "save it: report.spec.save('model_spec.json')"
+
+
+@dataclass
+class OutputDiff:
+    """One output, distributed vs single process: max abs diff, and that over max |ref|."""
+
+    abs: float
+    rel: float
+    tol: float
+    ok: bool
+
+    def __str__(self) -> str:
+        verdict = "ok" if self.ok else "WRONG"
+        return f"rel {self.rel:.2e}  abs {self.abs:.2e}  (tol {self.tol:.0e})  {verdict}"
+
+
+@dataclass
+class Attempt:
+    """One distributed run with one candidate spec."""
+
+    number: int
+    spec: Any
+    change: str  # how this spec was obtained ("initial: ..." or "rule: what changed")
+    ok: bool = False
+    diffs: dict[str, OutputDiff] = field(default_factory=dict)
+    handlers_fired: dict[str, int] = field(default_factory=dict)
+    error: str | None = None  # the failing rank's exception line, when a rank raised
+    # raw material for the auto-fix rules (not shown in summaries)
+    outputs: dict = field(default_factory=dict, repr=False)  # gathered distributed outputs
+    rank_outputs: list = field(default_factory=list, repr=False)  # per-rank replicated outputs
+
+    @property
+    def spec_name(self) -> str:
+        return getattr(self.spec, "name", "") or "(unnamed spec)"
+
+    @property
+    def outcome(self) -> str:
+        if self.ok:
+            return "passed"
+        if self.error:
+            return f"raised: {self.error}"
+        wrong = [name for name, diff in self.diffs.items() if not diff.ok]
+        return "wrong " + ", ".join(f"{n} (rel {self.diffs[n].rel:.1e})" for n in wrong)
+
+
+@dataclass
+class ValidationReport:
+    """``ok``: the distributed run matches one process within tolerance.
+
+    ``spec`` is the spec that passed (None when none did), ready for
+    ``spec.save(path)``; ``next_action`` always says what to do now.
+    """
+
+    ok: bool = False
+    spec: Any = None
+    attempts: list[Attempt] = field(default_factory=list)
+    world_size: int = 2
+    diffs: dict[str, OutputDiff] = field(default_factory=dict)
+    handlers_fired: dict[str, int] = field(default_factory=dict)
+    op_counts: Counter = field(default_factory=Counter, repr=False)
+    opaque_ops: list[str] = field(default_factory=list)
+    unhandled_aggregations: list[str] = field(default_factory=list)
+    diagnosis: str = ""
+    next_action: str = ""
+    notes: list[str] = field(default_factory=list)
+    tolerances: dict[str, float] = field(default_factory=dict)
+    reference: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def last(self) -> Attempt | None:
+        return self.attempts[-1] if self.attempts else None
+
+    @property
+    def fixes_applied(self) -> list[str]:
+        return [a.change for a in self.attempts[1:]]
+
+    def summary(self) -> str:
+        """The multi-line summary `log_summary` logs (also what ``mlipdd validate`` prints)."""
+        n = len(self.attempts)
+        plural = "attempt" if n == 1 else "attempts"
+        status = "PASSED" if self.ok else "FAILED"
+        spec_name = self.spec.name if self.ok and self.spec is not None else None
+        if n == 0:  # the model or the reference run failed before any rank started
+            lines = [f"validation {status} before any distributed run"]
+            lines += [f"note: {note}" for note in self.notes]
+            return "\n".join([*lines, f"Diagnosis: {self.diagnosis}", f"Next: {self.next_action}"])
+        head = f"validation {status} in {n} {plural} on {self.world_size} ranks"
+        lines = [head + (f" (spec {spec_name!r})" if spec_name else "")]
+        fixes = self.fixes_applied
+        lines.append("auto-fix applied: none" if not fixes else "auto-fix applied:")
+        lines += [f"  {fix}" for fix in fixes]
+        if n > 1 or not self.ok:
+            lines.append("attempts:")
+            lines += [f"  {a.number}. {a.spec_name}: {a.outcome}" for a in self.attempts]
+        if self.diffs:
+            lines.append("diff vs single process:")
+            width = max(len(name) for name in self.diffs)
+            lines += [f"  {name:<{width}}  {diff}" for name, diff in self.diffs.items()]
+        fired = ", ".join(f"{k}={v}" for k, v in sorted(self.handlers_fired.items())) or "none"
+        lines.append(f"handlers fired (all ranks): {fired}")
+        lines.append(f"opaque custom ops: {', '.join(self.opaque_ops) or 'none'}")
+        lines += [f"note: {note}" for note in self.notes]
+        if self.diagnosis:
+            lines.append(f"Diagnosis: {self.diagnosis}")
+        lines.append(f"Next: {self.next_action}")
+        return "\n".join(lines)
+
+    def log_summary(self, logger: logging.Logger | None = None, level: int | None = None) -> str:
+        """Log the summary (INFO when ok, WARNING otherwise) and return it."""
+        text = self.summary()
+        logger = logger or logging.getLogger("mlipdd.validate")
+        logger.log(level if level is not None else (logging.INFO if self.ok else logging.WARNING), text)
+        return text
+
+    def __str__(self) -> str:
+        return self.summary()

@@ -1,0 +1,187 @@
+"""`trace_and_validate`: reference run, spawned ranks, diff, auto-fix, diagnosis.
+
+Flow: build the model and run it single-process on the sample under an `OpTrace`
+(the truth, plus which ops it uses) -> pick the candidate spec -> run ``world_size``
+spawned gloo ranks with it and compare -> on a wrong answer, the first auto-fix rule
+that recognises the symptom proposes a spec and the ranks run again -> on a raised
+error, the translator turns it into a diagnosis and a fix.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+import torch
+
+from mlipdd.distributed.config import StrategyKind
+from mlipdd.distributed.model import resolve_spec
+from mlipdd.validate.attempt import default_tolerances, run_attempt
+from mlipdd.validate.autofix import AUTOFIX_RULES, describe_change
+from mlipdd.validate.cuda_check import cuda_check
+from mlipdd.validate.op_trace import OpTrace
+from mlipdd.validate.report import SAVE_HINT, ValidationReport
+from mlipdd.validate.translate import Context, model_frame, opaque_op_advice, origin_traceback, translate
+
+
+def default_sample(model):
+    """A small triclinic argon cell, dense enough that every atom has neighbours.
+
+    The spacing shrinks with short cutoffs (a unit-sigma LJ has cutoff 3) so the check
+    never passes trivially on an all-zero answer. A model without argon fails here with
+    its own unknown-element error, which the translator explains.
+    """
+    from mlipdd.testing.systems import triclinic
+
+    spacing = min(3.7, 0.6 * float(model.cutoff))
+    return triclinic(species=(18,), spacing=spacing, reps=5)
+
+
+def _as_wrapper(model):
+    if isinstance(model, torch.nn.Module) and hasattr(model, "model_config"):
+        return model
+    from mlipdd.plugins import wrap_model
+
+    return wrap_model(model)
+
+
+def _spec_source(model, spec) -> str:
+    if spec is not None:
+        return "the spec passed in"
+    if model.distribution_spec(StrategyKind.HALO) is not None:
+        return "the wrapper's distribution_spec(StrategyKind.HALO)"
+    return "the inferred halo default SPEC_MPNN_HALO"
+
+
+def _spec_key(spec) -> str:
+    try:
+        return json.dumps(spec.to_dict(), sort_keys=True, default=str)
+    except Exception:  # noqa: BLE001 - a spec that does not serialise is still comparable by repr
+        return repr(spec)
+
+
+def _fail(report: ValidationReport, error: BaseException, stage: str) -> ValidationReport:
+    import traceback
+
+    text = "".join(traceback.format_exception(error))
+    report.diagnosis, report.next_action = translate(text, Context(where=model_frame(text)), stage=stage)
+    return report
+
+
+def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: int = 2, spec=None,
+                       max_attempts: int = 4, tolerances: dict | None = None, device=None,
+                       timeout: float = 300.0) -> ValidationReport:
+    """Check that ``model_factory()`` runs distributed exactly as single-process.
+
+    ``model_factory`` must be picklable (a module-level function, or
+    ``functools.partial`` of a class) because each spawned rank calls it. Returns a
+    `ValidationReport`; when ``report.ok``, ``report.spec`` is ready for ``save``.
+    """
+    report = ValidationReport(world_size=world_size)
+    try:
+        model = _as_wrapper(model_factory())
+        batch = sample_batch if sample_batch is not None else default_sample(model)
+    except Exception as exc:  # noqa: BLE001 - reported, not raised: the report is the answer
+        return _fail(report, exc, "model factory")
+    report.tolerances = {**default_tolerances(batch.dtype), **(tolerances or {})}
+    trace = OpTrace()
+    try:
+        with trace:
+            reference = model(batch.clone(), compute_stress=True)
+    except Exception as exc:  # noqa: BLE001
+        return _fail(report, exc, "single-process reference run")
+    report.reference = {k: v.detach() for k, v in reference.items() if torch.is_tensor(v)}
+    report.op_counts = trace.counts
+    report.unhandled_aggregations = trace.unhandled_aggregations()
+    report.opaque_ops = trace.opaque_ops
+    bad = [k for k in ("energy", "forces", "stress") if k in report.reference
+           and not bool(torch.isfinite(report.reference[k]).all())]
+    if bad:
+        report.diagnosis = f"the single-process {', '.join(bad)} already contain NaN/inf"
+        report.next_action = "fix the model (or the sample batch) single-process first, then re-validate"
+        return report
+
+    forces = report.reference.get("forces")
+    if forces is not None and not bool(forces.abs().max() > 0):
+        report.notes.append("the reference forces are all zero (no interacting pairs?): this check "
+                            "proves little; pass a denser sample_batch or check the model's cutoff")
+    candidate = resolve_spec(model, StrategyKind.HALO, spec)
+    report.notes.append(f"initial spec {candidate.name or '(unnamed)'!r} from {_spec_source(model, spec)}")
+    _attempt_loop(report, candidate, model_factory, batch, max_attempts, timeout)
+    _conclude(report, max_attempts)
+    if device is not None and str(device).startswith("cuda"):
+        report.notes.append(cuda_check(model_factory, batch, report, timeout))
+    return report
+
+
+def _attempt_loop(report, spec, model_factory, batch, max_attempts, timeout) -> None:
+    tried = {_spec_key(spec)}
+    change = "initial spec"
+    for number in range(1, max(1, max_attempts) + 1):
+        attempt = run_attempt(number, change, spec, model_factory, batch, report.reference,
+                              report.world_size, report.tolerances, timeout=timeout)
+        report.attempts.append(attempt)
+        if attempt.ok:
+            return
+        proposal = None
+        for rule in AUTOFIX_RULES:
+            candidate = rule(report, spec)
+            if candidate is not None and _spec_key(candidate) not in tried:
+                proposal = (rule.__name__, candidate)
+                break
+        if proposal is None or number == max_attempts:
+            report.notes.append("no auto-fix rule matched the last attempt" if proposal is None else
+                                f"stopped after max_attempts={max_attempts}; {proposal[0]} had one more idea")
+            return
+        rule_name, new_spec = proposal
+        change = f"{rule_name}: {describe_change(spec, new_spec)}"
+        base = spec.name.removesuffix("+autofix") or "spec"
+        spec = new_spec.replace(name=f"{base}+autofix")
+        tried.add(_spec_key(spec))
+
+
+def _conclude(report: ValidationReport, max_attempts: int) -> None:
+    last = report.last
+    report.diffs = last.diffs
+    report.handlers_fired = last.handlers_fired
+    report.ok = last.ok
+    if last.ok:
+        report.spec = last.spec
+        report.next_action = SAVE_HINT
+        if len(report.attempts) > 1:
+            first = report.attempts[0]
+            report.diagnosis = (f"the initial spec {first.spec_name!r} was {first.outcome}; "
+                                f"auto-fixed: {'; '.join(report.fixes_applied)}")
+            report.next_action += " (or put the fixed spec in the wrapper's distribution_spec)"
+        return
+    covered = {adapter.qualified_name for adapter in last.spec.distribution.custom_ops}
+    uncovered = [op for op in report.opaque_ops if op.removesuffix(".default") not in covered]
+    if last.error:
+        failures = last.outputs.get("failures", {})
+        text = origin_traceback(failures) if failures else last.error
+        ctx = Context(opaque_ops=uncovered, where=model_frame(text))
+        report.diagnosis, report.next_action = translate(text, ctx)
+        return
+    wrong = ", ".join(f"{n} (rel {d.rel:.1e})" for n, d in last.diffs.items() if not d.ok)
+    if uncovered:
+        report.diagnosis, report.next_action = opaque_op_advice(uncovered)
+        report.diagnosis = f"wrong {wrong}: " + report.diagnosis
+    elif report.opaque_ops:
+        ops = ", ".join(report.opaque_ops)
+        report.diagnosis = f"wrong {wrong} although the spec declares OpAdapters for {ops}"
+        report.next_action = ("check each OpAdapter's transforms: arguments with owned rows need "
+                              "GatherInputs(), per-atom partial outputs ScatterOutputs(), per-rank "
+                              "partial sums AllReduceSum()")
+    elif report.unhandled_aggregations:
+        ops = ", ".join(report.unhandled_aggregations)
+        report.diagnosis = f"wrong {wrong}; the model accumulates rows with {ops}, which has no halo rule"
+        report.next_action = (f"replace {ops} with scatter_add / index_add (out of place, or rebound: "
+                              "x = x.index_add_(...)) so the dispatch can complete the sums across ranks")
+    else:
+        report.diagnosis = (f"wrong {wrong} after {len(report.attempts)} attempt(s); no auto-fix rule "
+                            "recognised the pattern")
+        report.next_action = (
+            "write the spec by hand and pass spec=...: check output_kinds, all_reduce_outputs "
+            "(per-rank partials) and owned_only_outputs (per-atom outputs complete on their owner); "
+            "the attempts and handler firings above show what the runs exercised"
+        )

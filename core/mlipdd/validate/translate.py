@@ -1,0 +1,185 @@
+"""Error translator: a generic failure becomes a one-line diagnosis plus the fix.
+
+Each pattern is a small function ``(message, context) -> (diagnosis, next_action) | None``
+tried in order; the first that recognises the message wins. ``context`` carries what
+the validator knows besides the message (opaque ops seen, whether the reference ran).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from mlipdd.validate.op_trace import op_attribute_path
+
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Failure|Warning|Interrupt)[\w]*): (.*)$")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
+
+# frames that belong to the machinery, not to the model under validation
+_MACHINERY = ("/torch/", "/mlipdd/shard/", "/mlipdd/distributed/", "/mlipdd/testing/spawn",
+              "/mlipdd/testing/conformance", "/mlipdd/validate/", "/mlipdd/models/base.py",
+              "/mlipdd/strategy/", "multiprocessing/")
+
+
+@dataclass
+class Context:
+    opaque_ops: list[str] = field(default_factory=list)
+    where: str = ""  # "file:line (code)" of the model frame that raised, when known
+
+
+def exception_line(text: str) -> str:
+    """The last ``SomeError: message`` line of a traceback (the text itself otherwise)."""
+    found = [line for line in text.strip().splitlines() if _EXCEPTION_LINE.match(line)]
+    return found[-1].strip() if found else text.strip().splitlines()[-1].strip() if text.strip() else ""
+
+
+def _is_machinery(path: str) -> bool:
+    standard_library = "/lib/python3" in path and "-packages/" not in path
+    return standard_library or any(part in path for part in _MACHINERY)
+
+
+def model_frame(text: str) -> str:
+    """``file:line (code)`` of the innermost traceback frame outside torch, the standard
+    library and mlipdd's core: where in the model the error surfaced."""
+    lines = text.splitlines()
+    where = ""
+    for i, line in enumerate(lines):
+        match = _FRAME.match(line)
+        if match and not _is_machinery(match.group(1)):
+            code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            where = f"{match.group(1).rsplit('/', 1)[-1]}:{match.group(2)} ({code})"
+    return where
+
+
+def origin_traceback(failures: dict[int, str]) -> str:
+    """The traceback of the rank where the error started (others re-raise it as remote)."""
+    ordered = [text for _, text in sorted(failures.items())]
+    own = [text for text in ordered if "RemoteRankError" not in exception_line(text)]
+    return (own or ordered)[0] if ordered else ""
+
+
+def failure_line(failure) -> str:
+    """One line for a `RankFailure`: the originating rank's exception."""
+    return exception_line(origin_traceback(failure.failures))
+
+
+def _dropped_rebind(message: str, ctx: Context):
+    if "DroppedScatterResultError" not in message and "was dropped" not in message:
+        return None
+    match = re.search(r"in-place `(\w+)`", message)
+    op = match.group(1) if match else "index_add_"
+    where = f" at {ctx.where}" if ctx.where else ""
+    return (
+        f"the model drops the return value of an in-place `{op}`{where}; across ranks the "
+        "scatter returns a new tensor and the old accumulator is stale",
+        f"rebind: x = x.{op}(...) instead of x.{op}(...) on its own, then re-validate",
+    )
+
+
+def _non_finite_input(message: str, ctx: Context):
+    if not re.search(r"NaN|\binf\b", message) or "position" not in message.lower():
+        return None
+    return (
+        "the sample batch holds NaN/inf positions (or atoms outside a non-periodic box)",
+        "pass a sample_batch with finite positions inside the cell",
+    )
+
+
+def _non_finite_output(message: str, ctx: Context):
+    if not re.search(r"NaN|non-finite|\binf\b", message):
+        return None
+    return (
+        "the distributed outputs are NaN/inf while the single-process run is finite",
+        "look for an in-place op whose result is dropped or an accumulator reused after a "
+        "scatter (write x = x.index_add_(...)); also check divisions by per-system counts "
+        "computed from len(batch) or positions.shape[0], which differ per rank",
+    )
+
+
+def _unknown_element(message: str, ctx: Context):
+    low = message.lower()
+    if not re.search(r"atomic number|element|species", low):
+        return None
+    if not re.search(r"unknown|no |not supported|unsupported|missing|not in|invalid", low):
+        return None
+    return (
+        "the sample batch contains elements the model does not support",
+        "pass sample_batch with supported species, e.g. "
+        "mlipdd.testing.systems.triclinic(species=(...)) with the model's atomic numbers",
+    )
+
+
+def _cutoff(message: str, ctx: Context):
+    if "cutoff" not in message.lower():
+        return None
+    return (
+        f"cutoff problem: {message}",
+        "give the model a positive `cutoff` (model_config.neighbor_config.cutoff) that covers "
+        "its largest interaction range; DomainConfig must use the model's cutoff",
+    )
+
+
+def _wrong_policy(message: str, ctx: Context):
+    if "does not fit the halo strategy" not in message:
+        return None
+    return (
+        "the spec's storage policy is not a halo policy, but validation runs the halo strategy",
+        "use a spec with HaloStoragePolicy (e.g. mlipdd.spec.SPEC_MPNN_HALO)",
+    )
+
+
+def _hang(message: str, ctx: Context):
+    if "no result within" not in message:
+        return None
+    return (
+        "a rank never finished: usually a collective reached on some ranks only",
+        "make every rank run the same ops: no data-dependent branch around a sum or scatter "
+        "(e.g. `if mask.any():` on per-rank data), no early return on an empty subdomain",
+    )
+
+
+def _opaque_op(message: str, ctx: Context):
+    if not ctx.opaque_ops:
+        return None
+    return opaque_op_advice(ctx.opaque_ops)
+
+
+def opaque_op_advice(opaque_ops: list[str]) -> tuple[str, str]:
+    names = ", ".join(opaque_ops)
+    first = op_attribute_path(opaque_ops[0])
+    return (
+        f"the model calls opaque custom op(s) {names}; ShardTensor dispatch cannot see inside "
+        "them, so per-atom results they accumulate miss the other ranks' contributions",
+        f"add OpAdapter(op={first}, output_transforms={{0: ScatterOutputs()}}) to the spec's "
+        "DistributionSpec.custom_ops (one per op; pick the transform that fits each output), "
+        "then re-validate",
+    )
+
+
+def _unknown_model(message: str, ctx: Context):
+    if "unknown model" not in message:
+        return None
+    return (
+        f"no such model: {message.partition(': ')[2] or message}",
+        "use a registered model name (`mlipdd plugins` lists them) or install the plugin that provides it",
+    )
+
+
+PATTERNS = (_unknown_model, _dropped_rebind, _non_finite_input, _non_finite_output, _unknown_element, _cutoff,
+            _wrong_policy, _hang, _opaque_op)
+
+
+def translate(message: str, ctx: Context | None = None, *, stage: str = "distributed run") -> tuple[str, str]:
+    """``(diagnosis, next_action)`` for an error message; a generic pair when none matches."""
+    ctx = ctx or Context()
+    line = exception_line(message)
+    for pattern in PATTERNS:
+        found = pattern(line, ctx)
+        if found is not None:
+            return found
+    where = f" at {ctx.where}" if ctx.where else ""
+    return (
+        f"the {stage} raised{where}: {line}",
+        "fix the error above; if the model runs fine single-process, look for code that assumes "
+        "it sees the whole system (len(batch), global atom indices, .item() on partial sums)",
+    )

@@ -1,0 +1,240 @@
+"""trace_and_validate and `mlipdd validate`: real spawned gloo ranks, small cells.
+
+Model factories travel to the ranks by pickle, so they are module-level callables or
+``functools.partial`` of a class.
+"""
+
+import functools
+import logging
+
+import pytest
+import torch
+
+from mlipdd.cli import main
+from mlipdd.models.lj import LennardJones
+from mlipdd.spec import (
+    SPEC_LOCAL,
+    SPEC_MPNN_HALO,
+    HaloStoragePolicy,
+    MLIPSpec,
+    OpAdapter,
+    ScatterOutputs,
+)
+from mlipdd.testing.toy_models import ToyMPNN
+from mlipdd.validate import OpTrace, ValidationReport, describe_change, trace_and_validate, translate
+from mlipdd.validate.autofix import swap_halo_correction_for_local, toggle_owned_only_forces
+from mlipdd.validate.report import Attempt, OutputDiff
+
+argon_lj = functools.partial(LennardJones, epsilon=0.0104, sigma=3.4, cutoff=7.0)
+mpnn = functools.partial(ToyMPNN, cutoff=4.5, species=(18,))
+
+
+# ---- the happy path: no hand-written spec -------------------------------------------------
+
+
+def test_lj_passes_without_a_spec():
+    report = trace_and_validate(argon_lj)
+    assert report.ok, report.summary()
+    assert report.spec == SPEC_MPNN_HALO
+    assert len(report.attempts) == 1
+    assert set(report.diffs) == {"energy", "forces", "stress"}
+    assert report.handlers_fired.get("per_system_reduce", 0) > 0
+    assert report.next_action == "save it: report.spec.save('model_spec.json')"
+
+
+def test_toy_mpnn_passes_and_summary_says_what_ran(caplog, tmp_path):
+    report = trace_and_validate(mpnn)
+    assert report.ok, report.summary()
+    assert report.handlers_fired["halo_scatter"] >= 3  # one per message-passing layer, per rank
+    assert report.opaque_ops == []
+    assert report.op_counts["index_add_"] > 0  # the op trace saw the model's scatters
+    with caplog.at_level(logging.INFO, logger="mlipdd.validate"):
+        text = report.log_summary()
+    assert "validation PASSED in 1 attempt" in caplog.text
+    for part in ("auto-fix applied: none", "forces", "halo_scatter=", "Next: save it"):
+        assert part in text
+    report.spec.save(tmp_path / "spec.json")
+    assert MLIPSpec.load(tmp_path / "spec.json") == report.spec
+
+
+# ---- errors become a diagnosis and a fix ---------------------------------------------------
+
+
+def test_dropped_rebind_names_the_rebind_fix():
+    report = trace_and_validate(functools.partial(ToyMPNN, cutoff=4.5, species=(18,), drop_rebind=True))
+    assert not report.ok and report.spec is None
+    assert "x = x.index_add_(...)" in report.next_action
+    assert "toy_models.py" in report.diagnosis  # points at the model's line, not the machinery
+    assert "DroppedScatterResultError" in report.attempts[0].error
+
+
+def test_unknown_element_in_the_reference_run_is_explained():
+    oxygen_only = functools.partial(LennardJones, epsilon={8: 0.01}, sigma={8: 3.0}, cutoff=6.0)
+    report = trace_and_validate(oxygen_only)  # default sample is argon
+    assert not report.ok and report.attempts == []
+    assert "elements the model does not support" in report.diagnosis
+    assert "sample_batch" in report.next_action
+
+
+# ---- auto-fix repairs wrong specs ----------------------------------------------------------
+
+WRONG_SPECS = {
+    "local_policy": SPEC_LOCAL,
+    "halo_scatter_local": SPEC_MPNN_HALO.replace(policy=HaloStoragePolicy(scatter="local")),
+    "stress_not_reduced": SPEC_MPNN_HALO.replace(all_reduce_outputs=frozenset()),
+    "energy_reduced_twice": SPEC_MPNN_HALO.replace(all_reduce_outputs={"energy", "stress"}),
+    "no_system_reductions": SPEC_MPNN_HALO.replace(policy=HaloStoragePolicy(system_reductions=False)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WRONG_SPECS))
+def test_auto_fix_repairs_a_wrong_spec(case, tmp_path):
+    report = trace_and_validate(mpnn, spec=WRONG_SPECS[case])
+    assert report.ok, report.summary()
+    assert len(report.attempts) > 1 and not report.attempts[0].ok
+    assert report.fixes_applied and "auto-fix applied:" in report.summary()
+    fixed = report.spec
+    assert fixed.policy == HaloStoragePolicy()
+    assert fixed.all_reduce_outputs == {"stress"}
+    path = tmp_path / "fixed.json"
+    fixed.save(path)
+    assert MLIPSpec.load(path) == fixed
+
+
+def test_auto_fix_stops_at_max_attempts():
+    report = trace_and_validate(mpnn, spec=SPEC_LOCAL, max_attempts=1)
+    assert not report.ok and len(report.attempts) == 1
+    assert any("max_attempts=1" in note for note in report.notes)
+    assert report.next_action
+
+
+# ---- opaque custom ops ----------------------------------------------------------------------
+
+
+@torch.library.custom_op("mlipdd_validate_test::aggregate", mutates_args=())
+def aggregate(messages: torch.Tensor, receiver: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """A per-atom accumulation hidden in a custom op (stands in for a Warp/Triton kernel)."""
+    return messages.new_zeros(n_rows, messages.shape[1]).index_add(0, receiver, messages)
+
+
+@aggregate.register_fake
+def _(messages, receiver, n_rows):
+    return messages.new_empty(n_rows, messages.shape[1])
+
+
+def _aggregate_context(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1])
+
+
+def _aggregate_backward(ctx, grad):
+    (receiver,) = ctx.saved_tensors
+    return grad.index_select(0, receiver), None, None
+
+
+aggregate.register_autograd(_aggregate_backward, setup_context=_aggregate_context)
+
+
+class OpaqueMPNN(ToyMPNN):
+    """ToyMPNN whose message aggregation runs inside the custom op above."""
+
+    def atomic_energies(self, batch, positions, cell):
+        nl = batch.neighbors
+        if nl is None:
+            from mlipdd.neighbors import build_neighbor_list
+
+            nl = build_neighbor_list(batch, self.cutoff)
+        sender, receiver = nl.edge_index
+        d = (positions[receiver] + nl.shifts(cell, batch.batch) - positions[sender]).norm(dim=1)
+        basis = torch.exp(-2.0 * (d.unsqueeze(1) - self.centers) ** 2)
+        basis = basis * torch.cos(0.5 * torch.pi * torch.clamp(d / self.cutoff, max=1.0)).unsqueeze(1) ** 2
+        h = self.embed[self.species_index[batch.atomic_numbers]]
+        for radial, update in zip(self.radial, self.update):
+            agg = torch.ops.mlipdd_validate_test.aggregate(
+                (basis @ radial) * h[sender], receiver, h.shape[0])
+            h = h + torch.tanh(agg @ update)
+        return h @ self.readout
+
+
+def test_opaque_custom_op_is_named_with_the_op_adapter_fix():
+    report = trace_and_validate(functools.partial(OpaqueMPNN, cutoff=4.5, species=(18,)))
+    assert report.opaque_ops == ["mlipdd_validate_test::aggregate.default"]
+    assert not report.ok
+    assert "mlipdd_validate_test::aggregate" in report.diagnosis
+    expected = ("OpAdapter(op=torch.ops.mlipdd_validate_test.aggregate.default, "
+                "output_transforms={0: ScatterOutputs()})")
+    assert expected in report.next_action
+    # the advice is well-formed: it builds
+    OpAdapter(op=torch.ops.mlipdd_validate_test.aggregate.default, output_transforms={0: ScatterOutputs()})
+
+
+def test_op_trace_flags_only_non_aten_namespaces():
+    with OpTrace() as trace:
+        x = torch.ones(3, 2)
+        torch.ops.aten.add.Tensor(x, x)
+        aggregate(x, torch.tensor([0, 1, 1]), 2)
+    assert trace.opaque_ops == ["mlipdd_validate_test::aggregate.default"]
+    assert trace.counts["ones"] == 1
+
+
+# ---- rules and translator, without ranks ---------------------------------------------------
+
+
+def _report_with(spec, forces, reference_forces, energy_ok=True):
+    report = ValidationReport(world_size=2, reference={"forces": reference_forces})
+    attempt = Attempt(number=1, spec=spec, change="initial spec", outputs={"forces": forces})
+    attempt.diffs = {"energy": OutputDiff(0.0, 0.0, 1e-9, energy_ok),
+                     "forces": OutputDiff(1.0, 1.0, 1e-8, False)}
+    report.attempts.append(attempt)
+    return report
+
+
+def test_double_counted_ghost_forces_swap_to_local_scatter():
+    reference = torch.randn(10, 3, dtype=torch.float64)
+    doubled = reference.clone()
+    doubled[:4] *= 2  # boundary atoms counted twice
+    fixed = swap_halo_correction_for_local(_report_with(SPEC_MPNN_HALO, doubled, reference), SPEC_MPNN_HALO)
+    assert fixed.policy.scatter == "local"
+    assert describe_change(SPEC_MPNN_HALO, fixed).startswith("policy HaloStoragePolicy(scatter='halo_correction'")
+    halved = reference.clone()
+    halved[:4] *= 0.5  # too small is not double counting
+    assert swap_halo_correction_for_local(_report_with(SPEC_MPNN_HALO, halved, reference), SPEC_MPNN_HALO) is None
+
+
+def test_owned_only_forces_toggle():
+    reference = torch.randn(10, 3, dtype=torch.float64)
+    owned_only = SPEC_MPNN_HALO.replace(owned_only_outputs={"forces"})
+    fixed = toggle_owned_only_forces(_report_with(owned_only, reference * 0.5, reference), owned_only)
+    assert fixed.owned_only_outputs == frozenset()
+    assert toggle_owned_only_forces(_report_with(owned_only, reference, reference, energy_ok=False),
+                                    owned_only) is None
+
+
+@pytest.mark.parametrize("message, expected", [
+    ("InputError: Lennard-Jones has no epsilon/sigma for atomic number(s) [18]; add them", "sample_batch"),
+    ("InputError: DomainConfig.cutoff must be positive, got 0", "cutoff"),
+    ("FloatingPointError: the distributed forces contains NaN/inf.", "x = x.index_add_(...)"),
+    ("no result within 60 s (hung or crashed)", "same ops"),
+    ("UnknownNameError: unknown model 'nope'; known models: lj.", "mlipdd plugins"),
+    ("ValueError: something odd", "fix the error above"),
+])
+def test_translator_patterns(message, expected):
+    diagnosis, next_action = translate(message)
+    assert diagnosis and expected in next_action
+
+
+# ---- the command line ----------------------------------------------------------------------
+
+
+def test_cli_validate_lj_exits_zero_and_saves(capsys, tmp_path):
+    path = tmp_path / "lj_spec.json"
+    code = main(["validate", "lj", "--model-arg", "epsilon=0.0104", "--model-arg", "sigma=3.4",
+                 "--save", str(path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "validation PASSED" in out and "spec written to" in out
+    assert MLIPSpec.load(path).policy == HaloStoragePolicy()
+
+
+def test_cli_unknown_model_exits_non_zero(capsys):
+    assert main(["validate", "no_such_model"]) == 1
+    assert "mlipdd plugins" in capsys.readouterr().out

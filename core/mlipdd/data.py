@@ -252,9 +252,10 @@ class AtomicData(Batch):
         dtype: torch.dtype | None = None,
         device=None,
     ):
+        given_tensor = isinstance(positions, (torch.Tensor, np.ndarray))
         positions = torch.as_tensor(positions, device=device)
-        if dtype is None:
-            dtype = positions.dtype if positions.is_floating_point() else torch.float64
+        if dtype is None:  # Python lists default to float64, like the rest of the field
+            dtype = positions.dtype if given_tensor and positions.is_floating_point() else torch.float64
         positions = positions.to(dtype)
         device = positions.device
         z = torch.as_tensor(atomic_numbers, dtype=torch.long, device=device)

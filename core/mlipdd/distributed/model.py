@@ -78,8 +78,9 @@ class DistributedModel(nn.Module):
 
     def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
         with fail_together(self.group):
-            check_together(_check_owned, batch, group=self.group)
+            check_together(_check_positions, batch, group=self.group)
             if any_rank(self.strategy.needs_rebuild(batch, self.config.skin), self.group):
+                check_together(check_domain_inputs, batch, group=self.group)
                 self.strategy.migrate(batch)
                 self.strategy.build(batch, self.config.cutoff + self.config.skin)
             padded, meta = self._padded_batch(batch)
@@ -138,8 +139,14 @@ class DistributedModel(nn.Module):
         return result
 
 
-def _check_owned(batch: Batch) -> None:
-    check_domain_inputs(batch)
+def _check_positions(batch: Batch) -> None:
+    """The per-step check (cheap); the full validation runs at every rebuild."""
+    if not torch.isfinite(batch.positions).all():
+        bad = torch.nonzero(~torch.isfinite(batch.positions).all(1)).flatten()[:5]
+        raise InputError(
+            f"positions contain NaN or inf (atom ids {batch.atom_ids[bad].tolist()}); the system blew "
+            "up or was built wrongly: check the structure, or lower the time step in MD"
+        )
 
 
 def _check_outputs(result: dict) -> BaseException | None:

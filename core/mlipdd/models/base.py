@@ -122,7 +122,9 @@ def energy_forces_stress(model: ModelWrapper, batch: Batch, compute_stress: bool
             pos_used = positions
         energies = model.atomic_energies(batch, pos_used, cell)
         energy = per_system_sum(energies, batch)
-        grads = torch.autograd.grad(energy.sum(), inputs, create_graph=grad_enabled and model.training)
+        # A double-backward graph only for force training (opt-in): MD and inference never need it.
+        create_graph = grad_enabled and getattr(model, "force_training", False)
+        grads = torch.autograd.grad(energy.sum(), inputs, create_graph=create_graph)
     out = {"energy": energy, "energies": energies, "forces": -grads[0]}
     if compute_stress:
         volume = torch.linalg.det(batch.cell).abs().view(-1, 1, 1)

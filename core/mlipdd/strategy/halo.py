@@ -126,6 +126,8 @@ class HaloStrategy:
         sys = batch.batch
         atom, shift, rank = halo_targets(frac, frac_width[sys], batch.pbc[sys], grid)
         keep = (rank != self.rank) | (shift != 0).any(dim=1)  # not the atom itself
+        if self.world_size == 1:
+            keep &= False  # see NOTE [one rank] in local_neighbors
         atom, shift, rank = atom[keep], shift[keep], rank[keep]
         order = torch.argsort(rank, stable=True)
         atom, shift, rank = atom[order], shift[order], rank[order]
@@ -178,7 +180,15 @@ class HaloStrategy:
 
 
 def local_neighbors(padded: torch.Tensor, batch: Batch, state: HaloState, cutoff: float) -> NeighborList:
-    """Open-boundary list over [owned | ghost] (ghosts sit at their images); owned receivers only."""
+    """Open-boundary list over [owned | ghost] (ghosts sit at their images); owned receivers only.
+
+    # NOTE [one rank]
+    With a single rank there is nothing to exchange: no ghosts, and the ordinary
+    periodic list (image shifts on the edges) replaces the ghost shell, so one rank
+    costs what the bare model costs.
+    """
+    if state.plan.world_size == 1:
+        return build_neighbor_list(batch, cutoff)
     system = torch.cat([batch.batch, state.ghost_system])
     view = Batch._from_dicts(
         {"positions": padded, "batch": system, "atom_ids": torch.arange(padded.shape[0])},

@@ -1,0 +1,74 @@
+"""Shared helpers of the benchmark runners: timing, machine description, result files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def machine() -> dict:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def median_time(fn, repeats: int = 5, warmup: int = 1, sync=None) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if sync:
+            sync()
+        t = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def markdown_table(rows: list[dict], columns: list[str]) -> str:
+    head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
+    body = "".join("| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |\n" for r in rows)
+    return head + body
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def write_results(name: str, title: str, rows: list[dict], columns: list[str], notes: str = "",
+                  out_dir: Path = RESULTS) -> str:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    info = machine()
+    table = markdown_table(rows, columns)
+    text = f"# {title}\n\nMachine: {json.dumps(info)}\n\n{table}\n{notes}\n"
+    (out_dir / f"{name}.md").write_text(text)
+    (out_dir / f"{name}.json").write_text(json.dumps({"machine": info, "rows": rows, "notes": notes}, indent=1))
+    return table

@@ -40,8 +40,11 @@ def random_mace(
     hidden_irreps: str | None = None,
     avg_num_neighbors: float = 8.0,
     heads: Sequence[str] | None = None,
+    scale_shift: bool = True,
 ):
     """A `mace.modules.ScaleShiftMACE` with seeded random weights, in eval mode.
+
+    ``scale_shift=False`` builds the plain `mace.modules.MACE` base class instead.
 
     ``hidden_irreps`` defaults to ``{channels}x0e+{channels}x1o``; pass it to build
     e.g. `mace_medium_config()` (``random_mace(**mace_medium_config())``).
@@ -65,27 +68,33 @@ def random_mace(
     torch.set_default_dtype(torch.float64)
     try:
         torch.manual_seed(seed)
-        model = modules.ScaleShiftMACE(
-            r_max=float(r_max),
-            num_bessel=8,
-            num_polynomial_cutoff=5,
-            max_ell=max_ell,
-            interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
-            interaction_cls_first=modules.interaction_classes["RealAgnosticInteractionBlock"],
-            num_interactions=num_interactions,
-            num_elements=len(elements),
-            hidden_irreps=o3.Irreps(hidden_irreps),
-            MLP_irreps=o3.Irreps("16x0e"),
-            atomic_energies=atomic_energies,
-            avg_num_neighbors=avg_num_neighbors,
-            atomic_numbers=elements,
-            correlation=correlation,
-            gate=torch.nn.functional.silu,
-            radial_MLP=[16, 16],
-            heads=heads,
-            atomic_inter_scale=[1.3] * len(heads),
-            atomic_inter_shift=[0.2] * len(heads),
-        )
+        common = {
+            "r_max": float(r_max),
+            "num_bessel": 8,
+            "num_polynomial_cutoff": 5,
+            "max_ell": max_ell,
+            "interaction_cls": modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
+            "interaction_cls_first": modules.interaction_classes["RealAgnosticInteractionBlock"],
+            "num_interactions": num_interactions,
+            "num_elements": len(elements),
+            "hidden_irreps": o3.Irreps(hidden_irreps),
+            "MLP_irreps": o3.Irreps("16x0e"),
+            "atomic_energies": atomic_energies,
+            "avg_num_neighbors": avg_num_neighbors,
+            "atomic_numbers": elements,
+            "correlation": correlation,
+            "gate": torch.nn.functional.silu,
+            "radial_MLP": [16, 16],
+            "heads": heads,
+        }
+        if scale_shift:
+            model = modules.ScaleShiftMACE(
+                atomic_inter_scale=[1.3] * len(heads),
+                atomic_inter_shift=[0.2] * len(heads),
+                **common,
+            )
+        else:
+            model = modules.MACE(**common)
     finally:
         torch.set_default_dtype(previous)
     return model.to(dtype).eval()

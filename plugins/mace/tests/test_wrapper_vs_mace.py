@@ -117,6 +117,16 @@ def test_float32_model_runs_and_matches_mace():
     assert_matches_mace(out, mace_reference(model, atoms), batch.cell, tol=1e-4)
 
 
+def test_plain_mace_class_matches_mace():
+    """The `MACE` base class (no scale/shift block) works the same way."""
+    model = random_mace(scale_shift=False, seed=3)
+    assert type(model).__name__ == "MACE"
+    atoms = STRUCTURES["triclinic"]()
+    batch = Batch.from_ase(atoms)
+    out = MACEWrapper(model)(batch, compute_stress=True)
+    assert_matches_mace(out, mace_reference(model, atoms), batch.cell)
+
+
 def test_positions_passed_through_untouched(mace_model):
     """The wrapper hands mace the batch's own tensor and leaves its grad flag as it was."""
     wrapper = MACEWrapper(mace_model)

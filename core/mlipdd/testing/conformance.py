@@ -35,14 +35,15 @@ def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max()) / scale if a.numel() else 0.0
 
 
-def distributed_outputs(rank, world_size, model_factory, batch, config_kwargs, compute_stress, spec=None):
+def distributed_outputs(rank, world_size, model_factory, batch, config_kwargs, compute_stress, spec=None,
+                        device="cpu"):
     """Worker: partition ``batch`` from rank 0, one distributed forward, owned results."""
     from mlipdd.distributed import DistributedModel, DomainConfig
 
-    model = model_factory()
+    model = model_factory().to(device)
     config = DomainConfig(**{"cutoff": model.cutoff, **config_kwargs})
     dm = DistributedModel(model, config, spec=spec)
-    owned = dm.partition(batch if rank == 0 else None)
+    owned = dm.partition(batch if rank == 0 else None, device=device)
     out = dm(owned, compute_stress=compute_stress)
     return {
         "atom_ids": owned.atom_ids,
@@ -63,12 +64,14 @@ def gather_by_id(parts: list[dict], key: str, n_atoms: int) -> torch.Tensor:
 
 
 def check_conformance(model_factory: Callable, batch: Batch, world_size: int, compute_stress: bool = True,
-                      config_kwargs: dict | None = None, spec=None, timeout: float = 300.0) -> ConformanceResult:
-    model = model_factory()
-    reference = model(batch.clone(), compute_stress=compute_stress)
-    reference = {k: v.detach() for k, v in reference.items() if torch.is_tensor(v)}
+                      config_kwargs: dict | None = None, spec=None, timeout: float = 300.0,
+                      device: str = "cpu", backend: str = "gloo") -> ConformanceResult:
+    """``device="cuda"`` runs the reference and every rank on the GPU (ranks share it over gloo)."""
+    model = model_factory().to(device)
+    reference = model(batch.clone().to(device), compute_stress=compute_stress)
+    reference = {k: v.detach().cpu() for k, v in reference.items() if torch.is_tensor(v)}
     parts = run_ranks(distributed_outputs, world_size, model_factory, batch, config_kwargs or {},
-                      compute_stress, spec, timeout=timeout)
+                      compute_stress, spec, device, timeout=timeout, backend=backend)
     ids = torch.cat([p["atom_ids"] for p in parts])
     assert torch.equal(ids.sort().values, batch.atom_ids.sort().values), "atoms lost or duplicated"
     dist_out = {"energy": parts[0]["energy"], "forces": gather_by_id(parts, "forces", batch.num_atoms)}

@@ -9,7 +9,6 @@ import logging
 
 import pytest
 import torch
-
 from mlipdd.cli import main
 from mlipdd.models.lj import LennardJones
 from mlipdd.spec import (
@@ -21,7 +20,13 @@ from mlipdd.spec import (
     ScatterOutputs,
 )
 from mlipdd.testing.toy_models import ToyMPNN
-from mlipdd.validate import OpTrace, ValidationReport, describe_change, trace_and_validate, translate
+from mlipdd.validate import (
+    OpTrace,
+    ValidationReport,
+    describe_change,
+    trace_and_validate,
+    translate,
+)
 from mlipdd.validate.autofix import swap_halo_correction_for_local, toggle_owned_only_forces
 from mlipdd.validate.report import Attempt, OutputDiff
 
@@ -33,13 +38,15 @@ mpnn = functools.partial(ToyMPNN, cutoff=4.5, species=(18,))
 
 
 def test_lj_passes_without_a_spec():
-    report = trace_and_validate(argon_lj)
+    report = trace_and_validate(argon_lj, device="cuda")
     assert report.ok, report.summary()
     assert report.spec == SPEC_MPNN_HALO
     assert len(report.attempts) == 1
     assert set(report.diffs) == {"energy", "forces", "stress"}
     assert report.handlers_fired.get("per_system_reduce", 0) > 0
     assert report.next_action == "save it: report.spec.save('model_spec.json')"
+    # without a GPU the report says so; with one, a single-rank NCCL check runs
+    assert any(note.startswith("CUDA") for note in report.notes)
 
 
 def test_toy_mpnn_passes_and_summary_says_what_ran(caplog, tmp_path):

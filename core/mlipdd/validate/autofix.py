@@ -10,7 +10,7 @@ partials that sum to the truth) and last when they are a plausible guess.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -61,9 +61,9 @@ def drop_redundant_all_reduce(report: ValidationReport, spec: MLIPSpec):
     redundant = set()
     for name in spec.all_reduce_outputs:
         reference = report.reference.get(name)
-        if world > 1 and reference is not None and _wrong(attempt, name):
-            if _matches(attempt.outputs.get(name), world * reference):
-                redundant.add(name)
+        if world > 1 and reference is not None and _wrong(attempt, name) \
+                and _matches(attempt.outputs.get(name), world * reference):
+            redundant.add(name)
     return spec.replace(all_reduce_outputs=spec.all_reduce_outputs - redundant) if redundant else None
 
 

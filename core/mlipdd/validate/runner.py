@@ -10,7 +10,7 @@ error, the translator turns it into a diagnosis and a fix.
 from __future__ import annotations
 
 import json
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -21,7 +21,13 @@ from mlipdd.validate.autofix import AUTOFIX_RULES, describe_change
 from mlipdd.validate.cuda_check import cuda_check
 from mlipdd.validate.op_trace import OpTrace
 from mlipdd.validate.report import SAVE_HINT, ValidationReport
-from mlipdd.validate.translate import Context, model_frame, opaque_op_advice, origin_traceback, translate
+from mlipdd.validate.translate import (
+    Context,
+    model_frame,
+    opaque_op_advice,
+    origin_traceback,
+    translate,
+)
 
 
 def default_sample(model):

@@ -27,6 +27,10 @@ class Context:
     where: str = ""  # "file:line (code)" of the model frame that raised, when known
 
 
+def _pair(diagnosis: str, next_action: str) -> tuple[str, str]:
+    return diagnosis, next_action
+
+
 def exception_line(text: str) -> str:
     """The last ``SomeError: message`` line of a traceback (the text itself otherwise)."""
     found = [line for line in text.strip().splitlines() if _EXCEPTION_LINE.match(line)]
@@ -69,7 +73,7 @@ def _dropped_rebind(message: str, ctx: Context):
     match = re.search(r"in-place `(\w+)`", message)
     op = match.group(1) if match else "index_add_"
     where = f" at {ctx.where}" if ctx.where else ""
-    return (
+    return _pair(
         f"the model drops the return value of an in-place `{op}`{where}; across ranks the "
         "scatter returns a new tensor and the old accumulator is stale",
         f"rebind: x = x.{op}(...) instead of x.{op}(...) on its own, then re-validate",
@@ -79,7 +83,7 @@ def _dropped_rebind(message: str, ctx: Context):
 def _non_finite_input(message: str, ctx: Context):
     if not re.search(r"NaN|\binf\b", message) or "position" not in message.lower():
         return None
-    return (
+    return _pair(
         "the sample batch holds NaN/inf positions (or atoms outside a non-periodic box)",
         "pass a sample_batch with finite positions inside the cell",
     )
@@ -88,7 +92,7 @@ def _non_finite_input(message: str, ctx: Context):
 def _non_finite_output(message: str, ctx: Context):
     if not re.search(r"NaN|non-finite|\binf\b", message):
         return None
-    return (
+    return _pair(
         "the distributed outputs are NaN/inf while the single-process run is finite",
         "look for an in-place op whose result is dropped or an accumulator reused after a "
         "scatter (write x = x.index_add_(...)); also check divisions by per-system counts "
@@ -102,7 +106,7 @@ def _unknown_element(message: str, ctx: Context):
         return None
     if not re.search(r"unknown|no |not supported|unsupported|missing|not in|invalid", low):
         return None
-    return (
+    return _pair(
         "the sample batch contains elements the model does not support",
         "pass sample_batch with supported species, e.g. "
         "mlipdd.testing.systems.triclinic(species=(...)) with the model's atomic numbers",
@@ -112,7 +116,7 @@ def _unknown_element(message: str, ctx: Context):
 def _cutoff(message: str, ctx: Context):
     if "cutoff" not in message.lower():
         return None
-    return (
+    return _pair(
         f"cutoff problem: {message}",
         "give the model a positive `cutoff` (model_config.neighbor_config.cutoff) that covers "
         "its largest interaction range; DomainConfig must use the model's cutoff",
@@ -122,7 +126,7 @@ def _cutoff(message: str, ctx: Context):
 def _wrong_policy(message: str, ctx: Context):
     if "does not fit the halo strategy" not in message:
         return None
-    return (
+    return _pair(
         "the spec's storage policy is not a halo policy, but validation runs the halo strategy",
         "use a spec with HaloStoragePolicy (e.g. mlipdd.spec.SPEC_MPNN_HALO)",
     )
@@ -131,7 +135,7 @@ def _wrong_policy(message: str, ctx: Context):
 def _hang(message: str, ctx: Context):
     if "no result within" not in message:
         return None
-    return (
+    return _pair(
         "a rank never finished: usually a collective reached on some ranks only",
         "make every rank run the same ops: no data-dependent branch around a sum or scatter "
         "(e.g. `if mask.any():` on per-rank data), no early return on an empty subdomain",
@@ -147,7 +151,7 @@ def _opaque_op(message: str, ctx: Context):
 def opaque_op_advice(opaque_ops: list[str]) -> tuple[str, str]:
     names = ", ".join(opaque_ops)
     first = op_attribute_path(opaque_ops[0])
-    return (
+    return _pair(
         f"the model calls opaque custom op(s) {names}; ShardTensor dispatch cannot see inside "
         "them, so per-atom results they accumulate miss the other ranks' contributions",
         f"add OpAdapter(op={first}, output_transforms={{0: ScatterOutputs()}}) to the spec's "
@@ -159,7 +163,7 @@ def opaque_op_advice(opaque_ops: list[str]) -> tuple[str, str]:
 def _unknown_model(message: str, ctx: Context):
     if "unknown model" not in message:
         return None
-    return (
+    return _pair(
         f"no such model: {message.partition(': ')[2] or message}",
         "use a registered model name (`mlipdd plugins` lists them) or install the plugin that provides it",
     )
@@ -178,7 +182,7 @@ def translate(message: str, ctx: Context | None = None, *, stage: str = "distrib
         if found is not None:
             return found
     where = f" at {ctx.where}" if ctx.where else ""
-    return (
+    return _pair(
         f"the {stage} raised{where}: {line}",
         "fix the error above; if the model runs fine single-process, look for code that assumes "
         "it sees the whole system (len(batch), global atom indices, .item() on partial sums)",

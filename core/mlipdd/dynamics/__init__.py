@@ -6,8 +6,11 @@ it on each rank's owned atoms unchanged: per-atom updates only, global sums thro
 """
 
 from mlipdd.dynamics.base import BaseDynamics, DynamicsHook, DynamicsStage, HookContext
+from mlipdd.dynamics.fire import FIRE, FIRE2
 from mlipdd.dynamics.hooks import NeighborListHook, ProgressBar, ThermoLogger, TrajectoryWriter
 from mlipdd.dynamics.integrators import NVE, NVTLangevin
+from mlipdd.dynamics.nose_hoover import NoseHoover
+from mlipdd.dynamics.npt import NPH, NPT
 from mlipdd.dynamics.reduce import GlobalReducer
 from mlipdd.dynamics.velocities import initialize_velocities
 
@@ -25,3 +28,5 @@ __all__ = [
     "TrajectoryWriter",
     "initialize_velocities",
 ]
+
+__all__ += ["FIRE", "FIRE2", "NPH", "NPT", "NoseHoover"]

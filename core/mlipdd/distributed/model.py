@@ -72,7 +72,11 @@ class DistributedModel(nn.Module):
         return self.model.cutoff
 
     def partition(self, full: Batch | None, device=None) -> Batch:
-        """Rank 0 holds the full system (None elsewhere); returns this rank's owned atoms."""
+        """Rank 0 holds the full system (None elsewhere); returns this rank's owned atoms,
+        on ``device`` (default: where the model's parameters live)."""
+        if device is None:
+            tensor = next(iter([*self.model.parameters(), *self.model.buffers()]), None)
+            device = tensor.device if tensor is not None else None
         with fail_together(self.group):
             return self.strategy.partition(full, device)
 

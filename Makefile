@@ -54,7 +54,9 @@ demo: install
 test: install
 	$(PY) -m pytest tests $(PLUGIN_TEST_DIRS)
 
-lint: install
+# Lint needs only ruff, not the full install.
+lint: venv
+	$(PIP) install --quiet -r requirements/lint.txt
 	$(VENV)/bin/ruff check core tests $(PLUGIN_DIRS)
 
 clean:

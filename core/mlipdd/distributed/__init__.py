@@ -4,14 +4,33 @@ from mlipdd.distributed.config import DomainConfig, StrategyKind
 from mlipdd.shard.agreement import DistributedInputError, RemoteRankError
 from mlipdd.distributed.manager import DistributedManager
 from mlipdd.distributed.model import DistributedModel
-from mlipdd.distributed.pipeline import DistributedPipelineModel
+from mlipdd.distributed.checkpoint import (
+    Checkpoint,
+    CheckpointWriter,
+    load_checkpoint,
+    restore_dynamics,
+    save_checkpoint,
+)
+from mlipdd.distributed.domain_parallel import DomainParallel
+from mlipdd.distributed.hooks import HookScope, gather_batch, unwrapped_positions
+from mlipdd.distributed.reducer import DistributedReducer
 
 __all__ = [
     "DistributedInputError",
     "DistributedManager",
     "DistributedModel",
-    "DistributedPipelineModel",
     "DomainConfig",
     "RemoteRankError",
     "StrategyKind",
+    # MD under domain decomposition
+    "Checkpoint",
+    "CheckpointWriter",
+    "DistributedReducer",
+    "DomainParallel",
+    "HookScope",
+    "gather_batch",
+    "load_checkpoint",
+    "restore_dynamics",
+    "save_checkpoint",
+    "unwrapped_positions",
 ]

@@ -16,6 +16,10 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # One thread per process: tests spawn several ranks on machines with few cores.
 export OMP_NUM_THREADS ?= 1
+# Spawned test ranks import mace once (in their forkserver), not once per rank; the
+# MACE conformance suite runs the full 2, 3 and 4 rank matrix.
+export MLIPDD_SPAWN_PRELOAD ?= mace.modules
+export MLIPDD_CONFORMANCE_RANKS ?= 2,3,4
 
 # Plugins are picked up from plugins/* once they have a pyproject.toml.
 PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))

@@ -106,7 +106,16 @@ class ModelWrapper(nn.Module):
 
 
 def energy_forces_stress(model: ModelWrapper, batch: Batch, compute_stress: bool) -> dict:
-    """Energy per system, forces by autograd, stress by the strain route."""
+    """Energy per system, forces by autograd, stress by the strain route.
+
+    A batch without a neighbour list gets one (on a shallow view, the caller's batch
+    is left alone), so ``atomic_energies`` can always read ``batch.neighbors``.
+    """
+    if batch.neighbors is None:
+        from mlipdd.neighbors import attach_neighbors
+
+        batch = _with_positions(batch, batch.positions)
+        attach_neighbors(batch, model.cutoff)
     positions = batch.positions
     grad_enabled = torch.is_grad_enabled()
     with torch.enable_grad():

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from mlipdd.data import Batch
+from mlipdd.data import Batch, InputError
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig
 from mlipdd.neighbors import build_neighbor_list
 
@@ -50,7 +50,14 @@ class ToyMPNN(ModelWrapper):
         d = vectors.norm(dim=1)
         envelope = cosine_envelope(d, self.cutoff)
         basis = torch.exp(-2.0 * (d.unsqueeze(1) - self.centers) ** 2) * envelope.unsqueeze(1)
-        h = self.embed[self.species_index[batch.atomic_numbers]]
+        index = self.species_index[batch.atomic_numbers]
+        if bool((index < 0).any()):
+            unknown = sorted(set(batch.atomic_numbers[index < 0].tolist()))
+            raise InputError(
+                f"ToyMPNN has no parameters for atomic numbers {unknown}; build it with "
+                f"species=(...) that include them"
+            )
+        h = self.embed[index]
         for radial, update in zip(self.radial, self.update):
             messages = (basis @ radial) * h[sender]
             agg = torch.zeros_like(h)

@@ -261,3 +261,29 @@ def test_long_hot_liquid_conserves_atoms_ids_momentum():
     assert torch.equal(frames[n_steps]["ids"], torch.arange(hot_liquid().num_atoms))
     assert (frames[n_steps]["momentum"] - frames[0]["momentum"]).abs().max() < 1e-9
     assert min(r["rebuilds"] for r in results) > 50
+
+
+def _mlipdd(*args, timeout=180):
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-c", "import sys; from mlipdd.cli import main; sys.exit(main())"]
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_nproc_starts_ranks_and_reports_the_check():
+    import json
+
+    done = _mlipdd("run", "--nproc", "2", "--steps", "10", "--size", "3", "--log-every", "0", "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["ranks"] == 2 and summary["atoms_conserved"] is True
+    assert summary["n_atoms"] == 108 and summary["max_force_diff_eV_per_A"] < 1e-10
+
+
+def test_cli_bad_input_fails_once_with_the_fix():
+    start = time.perf_counter()
+    done = _mlipdd("run", "--nproc", "2", "--steps", "5", "--system", "no_such_file.xyz")
+    assert done.returncode != 0
+    assert "neither a built-in" in done.stderr
+    assert time.perf_counter() - start < 60

@@ -70,7 +70,25 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add("--device", default=s, help="cpu, cuda, cuda:1, ... (default: cuda when available)")
     add("--skin", type=float, default=s, help=f"neighbour-list skin in A (default {d.skin})")
     add("--progress", choices=("auto", "on", "off"), default=s, help="progress bar on stderr")
+    add(
+        "--nproc",
+        type=int,
+        default=s,
+        help="run on N local ranks with domain decomposition (under torchrun/srun ranks join)",
+    )
+    add("--strategy", choices=("halo",), default=s, help=f"decomposition (default {d.strategy})")
+    add("--grid", type=_grid, default=s, metavar="GX,GY,GZ", help="rank grid (default: least halo)")
     add("--json", action="store_true", help="print the summary as JSON")
+
+
+def _grid(text: str) -> list[int]:
+    try:
+        grid = [int(x) for x in text.split(",")]
+    except ValueError:
+        grid = []
+    if len(grid) != 3:
+        raise argparse.ArgumentTypeError(f"{text!r} is not three integers such as 2,1,1")
+    return grid
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -124,7 +142,12 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    summary = run_simulation(config_from_args(args))
+    from mlipdd.distributed.launch import launched_world_size, run_command
+
+    cfg = config_from_args(args)
+    if cfg.nproc > 1 or launched_world_size() > 1:
+        return run_command(cfg, json_output=args.json)
+    summary = run_simulation(cfg)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

@@ -52,6 +52,10 @@ class RunConfig:
     device: str = "auto"  # "auto": cuda when available
     skin: float = 0.5  # Angstrom, neighbour-list skin
     progress: str = "auto"  # "auto": a progress bar when thermo lines do not go to the console
+    # domain decomposition (run by mlipdd.distributed.launch; 1 rank: plain single process)
+    nproc: int = 1  # local ranks `mlipdd run` starts itself (torchrun / srun: ranks join)
+    strategy: str = "halo"
+    grid: list[int] | None = None  # rank grid (gx, gy, gz); None: the least halo
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
@@ -73,6 +77,10 @@ class RunConfig:
             raise InputError(
                 f"model_args must be a mapping of keyword arguments, got {self.model_args!r}"
             )
+        if int(self.nproc) < 1:
+            raise InputError(f"nproc must be >= 1, got {self.nproc}")
+        if self.grid is not None and (len(self.grid) != 3 or min(int(g) for g in self.grid) < 1):
+            raise InputError(f"grid must be three positive integers, got {self.grid}")
         if self.progress not in ("auto", "on", "off"):
             raise InputError(f"progress must be auto, on or off, got {self.progress!r}")
         return self
@@ -231,5 +239,19 @@ def format_summary(summary: Mapping[str, Any]) -> str:
             f"  temperature  final {s['temperature_final_K']:.1f} K, mean {s['temperature_mean_K']:.1f} K",
             f"  neighbour-list builds: {s['neighbor_list_builds']}"
             + (f"; trajectory: {s['trajectory']}" if s["trajectory"] else ""),
+            *_distributed_lines(s),
         ]
     )
+
+
+def _distributed_lines(s: Mapping[str, Any]) -> list[str]:
+    """Extra summary lines of a domain-decomposed run (keys set by mlipdd.distributed.launch)."""
+    if "ranks" not in s:
+        return []
+    return [
+        (
+            f"  domain decomposition: {s['ranks']} ranks ({s['strategy']}, grid {s['grid']}); "
+            f"atoms conserved: {'yes' if s['atoms_conserved'] else 'NO'}"
+        ),
+        f"  first-step forces vs one process: max |dF| {s['max_force_diff_eV_per_A']:.3g} eV/A",
+    ]

@@ -1,0 +1,215 @@
+"""``mlipdd run`` on several ranks: start local ranks, or join the ones a launcher started.
+
+* ``mlipdd run --nproc N`` (no launcher around it): this process starts N ranks itself,
+  one subprocess each, with the environment torchrun would give them (``RANK``,
+  ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and the run settings
+  in a JSON file, waits for them, and returns the first failing exit code. When one
+  rank fails the others stop together with its message (`fail_together`); any that
+  are still alive after a grace period are terminated.
+* under torchrun (``WORLD_SIZE`` set) or inside an ``srun`` step with several tasks,
+  each process *is* a rank and joins the group (`run_distributed_simulation`).
+
+The distributed run mirrors `mlipdd.dynamics.simulation.run_simulation`: the same
+model, system (built on rank 0 only), integrator and hooks, wrapped in `DomainParallel`.
+Its summary adds the number of ranks, whether every atom (by id) is still there at
+the end, and the largest force difference against one process on the first step
+(rank 0 evaluates the unchanged model on the full system once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+from mlipdd.data import InputError
+
+_GRACE_S = 15.0  # how long the other ranks get to stop by themselves after one failed
+_CHILD = "import sys; from mlipdd.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def launched_world_size() -> int:
+    """Ranks started by an outside launcher (torchrun, srun); 1 when there is none."""
+    if os.environ.get("WORLD_SIZE"):
+        return int(os.environ["WORLD_SIZE"])
+    if os.environ.get("SLURM_PROCID") and os.environ.get("SLURM_STEP_NUM_TASKS"):
+        return int(os.environ["SLURM_STEP_NUM_TASKS"])
+    return 1
+
+
+def _launched_rank() -> int:
+    return int(os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or 0)
+
+
+def run_command(cfg, json_output: bool = False) -> int:
+    """What ``mlipdd run`` does once it knows the run is distributed."""
+    world = launched_world_size()
+    if world == 1:
+        return spawn_local(cfg, json_output)
+    if cfg.nproc > 1 and cfg.nproc != world:
+        raise InputError(
+            f"--nproc {cfg.nproc} but the launcher started {world} ranks; drop --nproc under "
+            "torchrun/srun (the launcher decides the number of ranks)"
+        )
+    summary = run_distributed_simulation(cfg)
+    if summary is not None:  # rank 0
+        from mlipdd.dynamics.simulation import format_summary
+
+        print(json.dumps(summary, indent=2) if json_output else format_summary(summary), flush=True)
+    return 0
+
+
+# ---- starting local ranks -----------------------------------------------------------------
+def spawn_local(cfg, json_output: bool = False) -> int:
+    """Start ``cfg.nproc`` local ranks running this configuration; wait; exit code."""
+    from mlipdd.distributed.manager import _free_port
+
+    nproc = int(cfg.nproc)
+    settings = dataclasses.asdict(cfg)
+    with tempfile.TemporaryDirectory(prefix="mlipdd-run-") as tmp:
+        config_path = os.path.join(tmp, "run.json")
+        with open(config_path, "w", encoding="utf-8") as handle:
+            json.dump(settings, handle)
+        port = _free_port()
+        threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // nproc))
+        procs = []
+        for rank in range(nproc):
+            env = dict(
+                os.environ,
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                RANK=str(rank),
+                LOCAL_RANK=str(rank),
+                WORLD_SIZE=str(nproc),
+                LOCAL_WORLD_SIZE=str(nproc),
+                OMP_NUM_THREADS=threads,
+            )
+            command = [sys.executable, "-c", _CHILD, "run", "--config", config_path]
+            if json_output:
+                command.append("--json")
+            procs.append(subprocess.Popen(command, env=env))
+        return _wait(procs)
+
+
+def _wait(procs: list[subprocess.Popen]) -> int:
+    failed_at = None
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                break
+            if failed_at is None and any(c not in (None, 0) for c in codes):
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > _GRACE_S:
+                for p in procs:
+                    if p.poll() is None:
+                        p.terminate()
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            p.wait()
+        return 130
+    codes = [p.returncode for p in procs]
+    return next((c for c in codes if c != 0), 0)
+
+
+# ---- one rank -----------------------------------------------------------------------------
+def run_distributed_simulation(cfg, thermo_stream=None) -> dict[str, Any] | None:
+    """One rank of a distributed ``mlipdd run``; the summary on rank 0, None elsewhere."""
+    from mlipdd.distributed.manager import DistributedManager
+    from mlipdd.shard.agreement import RemoteRankError
+
+    manager = DistributedManager(rank=_launched_rank(), world_size=launched_world_size())
+    try:
+        if cfg.device == "auto":  # one device per rank, as the manager chose it
+            cfg = dataclasses.replace(cfg, device=str(manager.device))
+        return _run_rank(cfg, manager, thermo_stream)
+    except InputError as exc:
+        # bad input is the same error on every rank (agreed): say it once, no traceback
+        if manager.rank == 0:
+            print(f"mlipdd run: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    except RemoteRankError as exc:
+        # the failing rank prints its own traceback; the others add one line each
+        print(f"rank {manager.rank} stopped: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    finally:
+        manager.cleanup()
+
+
+def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
+    from mlipdd.distributed.config import DomainConfig
+    from mlipdd.distributed.domain_parallel import DomainParallel
+    from mlipdd.dynamics.simulation import (
+        _summary,
+        _sync,
+        build_dynamics,
+        build_model,
+        build_system,
+        default_hooks,
+    )
+    from mlipdd.shard.agreement import check_together
+
+    cfg.checked()
+    rank = manager.rank
+    model = build_model(cfg)
+    full = check_together(build_system, cfg) if rank == 0 else check_together(lambda: None)
+    hooks = default_hooks(cfg, thermo_stream)
+    dynamics = build_dynamics(cfg, model)
+    config = check_together(
+        DomainConfig,
+        cutoff=model.cutoff,
+        skin=cfg.skin,
+        strategy=cfg.strategy,
+        grid=tuple(cfg.grid) if cfg.grid else None,
+    )
+    with DomainParallel(dynamics, config, cfg.steps, hooks) as dp:
+        owned = dp.partition(full)
+        dynamics.setup(owned)  # first force evaluation, outside the timing
+        force_diff = _first_step_force_difference(dp, model, full)
+        start_energy = dynamics.conserved_energy().sum().item()
+        _sync(owned.device)
+        start = time.perf_counter()
+        dp.run()
+        _sync(owned.device)
+        wall = time.perf_counter() - start
+        end_energy = dynamics.conserved_energy().sum().item()
+        end = dp.gather()
+        # collective (temperature, atom count reduce over ranks): every rank computes it
+        summary = _summary(cfg, dynamics, owned, hooks[0].records, wall, start_energy, end_energy)
+        grid = dp.strategy.grid.dims if dp.strategy.grid is not None else None
+        summary["neighbor_list_builds"] = dp.strategy.rebuilds
+    if rank != 0:
+        return None
+    conserved = end.num_atoms == full.num_atoms and torch.equal(
+        end.atom_ids.cpu(), torch.sort(full.atom_ids.cpu()).values
+    )
+    summary.update(
+        ranks=manager.world_size,
+        strategy=str(config.strategy.value),
+        grid="x".join(str(g) for g in grid) if grid else "auto",
+        atoms_conserved=bool(conserved),
+        max_force_diff_eV_per_A=force_diff,
+    )
+    return summary
+
+
+def _first_step_force_difference(dp, model, full) -> float | None:
+    """Rank 0: the unchanged model on the full system vs the gathered distributed forces."""
+    gathered = dp.gather()
+    if gathered is None:
+        return None
+    with torch.no_grad():
+        reference = model(full.clone(), compute_stress=False)["forces"].detach()
+    order = torch.argsort(full.atom_ids)
+    return float((gathered.forces - reference[order]).abs().max())

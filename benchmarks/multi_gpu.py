@@ -1,0 +1,193 @@
+"""Multi-GPU runs (NCCL, one rank per GPU): conformance, strong/weak scaling, largest system.
+
+Launch with torchrun, one process per GPU, e.g.::
+
+    torchrun --nproc_per_node 2 benchmarks/multi_gpu.py conformance
+    torchrun --nproc_per_node 2 benchmarks/multi_gpu.py time --atoms 27000
+    torchrun --nproc_per_node 2 benchmarks/multi_gpu.py time --atoms 54000 --tag weak
+    python benchmarks/multi_gpu.py report          # table + plot from the collected rows
+
+Every task appends JSON rows to ``benchmarks/results/multi_gpu_rows.jsonl`` (rank 0);
+``report`` turns them into ``multi_gpu.md`` and ``multi_gpu.png``. Leave NVLink
+multicast off (NCCL_NVLS_ENABLE=0), as the shared machines require.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+HERE = pathlib.Path(__file__).resolve().parent
+# benchmarks/mace.py is named like the `mace` package: keep this folder behind site-packages.
+sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != HERE] + [str(HERE)]
+ROWS = HERE / "results" / "multi_gpu_rows.jsonl"
+
+
+def _manager():
+    from mlipdd.distributed import DistributedManager
+
+    return DistributedManager()
+
+
+def _emit(row: dict) -> None:
+    if dist.get_rank() == 0:
+        ROWS.parent.mkdir(parents=True, exist_ok=True)
+        with ROWS.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        print(json.dumps(row), flush=True)
+
+
+def _gather_owned(owned, forces):
+    """Owned forces of every rank, in global atom order, on rank 0."""
+    ids = [None] * dist.get_world_size()
+    dist.all_gather_object(ids, (owned.atom_ids.cpu(), forces.detach().cpu()))
+    n = sum(i.shape[0] for i, _ in ids)
+    out = torch.empty((n, 3), dtype=forces.dtype)
+    for i, f in ids:
+        out[i] = f
+    return out
+
+
+def conformance(args, mgr):
+    import functools
+
+    from mlipdd.distributed import DistributedModel, DomainConfig
+    from mlipdd.models.lj import LennardJones
+    from mlipdd.testing.systems import small_cell, triclinic
+    from mlipdd_mace.testing import random_mace_wrapper
+
+    cases = [
+        ("lj", torch.float64, lambda: LennardJones(epsilon=0.0104, sigma=3.4, cutoff=7.0), triclinic(reps=8)),
+        ("lj_small_cell", torch.float64, lambda: LennardJones(epsilon=0.0104, sigma=3.4, cutoff=7.0), small_cell()),
+        ("mace", torch.float64, functools.partial(random_mace_wrapper, elements=(1, 6, 8), r_max=4.0,
+                                                  dtype=torch.float64, seed=0),
+         triclinic(species=(1, 6, 8), spacing=2.5, reps=8)),
+        ("mace", torch.float32, functools.partial(random_mace_wrapper, elements=(1, 6, 8), r_max=4.0,
+                                                  dtype=torch.float32, seed=0),
+         triclinic(species=(1, 6, 8), spacing=2.5, reps=8)),
+    ]
+    for name, dtype, factory, system in cases:
+        system = system.to(dtype=dtype)
+        model = factory().to(mgr.device)
+        dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff))
+        owned = dm.partition(system if mgr.rank == 0 else None, device=mgr.device)
+        out = dm(owned, compute_stress=True)
+        forces = _gather_owned(owned, out["forces"])
+        if mgr.rank == 0:  # the one-GPU answer, same device kind
+            ref = model(system.to(mgr.device), compute_stress=True)
+            rel = lambda a, b: float((a.cpu() - b.detach().cpu()).abs().max() / b.detach().abs().max())  # noqa: E731
+            row = {"task": "conformance", "model": name, "dtype": str(dtype).split(".")[-1],
+                   "atoms": system.num_atoms, "gpus": mgr.world_size,
+                   "energy_rel": rel(out["energy"], ref["energy"]), "forces_rel": rel(forces, ref["forces"]),
+                   "stress_rel": rel(out["stress"], ref["stress"])}
+            _emit(row)
+        dist.barrier()
+
+
+def timing(args, mgr):
+    from mlipdd.distributed import DistributedModel, DomainConfig
+    from mlipdd.lattices import silicon_diamond
+    from mlipdd_mace import MACEWrapper
+    from mlipdd_mace.testing import mace_medium_config, random_mace
+
+    cfg = mace_medium_config()
+    raw = random_mace(elements=(14,), r_max=cfg["r_max"], num_interactions=cfg["num_interactions"],
+                      hidden_irreps=cfg["hidden_irreps"], max_ell=cfg["max_ell"],
+                      correlation=cfg["correlation"], dtype=torch.float32, seed=0)
+    model = MACEWrapper(raw.to(mgr.device)).eval()
+    reps = max(1, round((args.atoms / 8) ** (1 / 3)))
+    full = silicon_diamond(reps, dtype=torch.float32) if mgr.rank == 0 else None
+    dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=0.5))
+    owned = dm.partition(full, device=mgr.device)
+    torch.cuda.reset_peak_memory_stats()
+    times, status = [], "ok"
+    try:
+        dm(owned)
+        for _ in range(args.repeats):
+            torch.cuda.synchronize()
+            dist.barrier()
+            t = time.perf_counter()
+            dm(owned)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+    except torch.OutOfMemoryError:
+        status = "out of memory"
+    peak = torch.tensor([torch.cuda.max_memory_allocated() / 2**30], device=mgr.device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    n_atoms = torch.tensor([owned.num_atoms], device=mgr.device)
+    dist.all_reduce(n_atoms)
+    step = statistics.median(times) if times else float("nan")
+    _emit({"task": "time", "tag": args.tag, "model": "mace_medium_f32", "atoms": int(n_atoms), "gpus": mgr.world_size,
+           "step_s": step, "atom_steps_per_s": int(n_atoms) / step if times else None,
+           "peak_GiB_per_gpu": float(peak), "status": status})
+
+
+def report(args):
+    rows = [json.loads(line) for line in ROWS.read_text().splitlines() if line.strip()]
+    from _common import markdown_table
+
+    conf = [r for r in rows if r["task"] == "conformance"]
+    timed = [r for r in rows if r["task"] == "time"]
+    base = {r["atoms"]: r["step_s"] for r in timed if r["gpus"] == 1 and r["status"] == "ok"}
+    for r in timed:
+        if r["status"] == "ok" and r["atoms"] in base:
+            r["speedup"] = base[r["atoms"]] / r["step_s"]
+            r["efficiency"] = r["speedup"] / r["gpus"]
+    text = ["# Multi-GPU runs (NCCL, one rank per H200)", "", args.machine, "",
+            "## Conformance vs one GPU", "",
+            markdown_table(conf, ["model", "dtype", "atoms", "gpus", "energy_rel", "forces_rel", "stress_rel"]),
+            "## Scaling (MACE medium, random weights, float32, diamond Si)", "",
+            markdown_table(timed, ["tag", "atoms", "gpus", "step_s", "atom_steps_per_s", "speedup", "efficiency",
+                                   "peak_GiB_per_gpu", "status"])]
+    (HERE / "results" / "multi_gpu.md").write_text("\n".join(text) + "\n")
+    print("\n".join(text))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        for tag in sorted({r["tag"] for r in timed}):
+            pts = sorted((r["gpus"], r["atom_steps_per_s"]) for r in timed if r["tag"] == tag and r["status"] == "ok")
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=tag)
+        ax.set_xlabel("GPUs")
+        ax.set_ylabel("atom-steps / s")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(HERE / "results" / "multi_gpu.png", dpi=120)
+    except ImportError:
+        pass
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("task", choices=["conformance", "time", "report"])
+    p.add_argument("--atoms", type=int, default=27000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--tag", default="strong")
+    p.add_argument("--machine", default="")
+    args = p.parse_args()
+    if args.task == "report":
+        return report(args)
+    mgr = _manager()
+    try:
+        (conformance if args.task == "conformance" else timing)(args, mgr)
+    finally:
+        mgr.cleanup()
+
+
+if __name__ == "__main__":
+    main()

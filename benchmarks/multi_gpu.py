@@ -40,8 +40,11 @@ def _manager():
     return DistributedManager()
 
 
+_RANK = int(os.environ.get("RANK", "0"))  # known even after a failure tore the group down
+
+
 def _emit(row: dict) -> None:
-    if dist.get_rank() == 0:
+    if _RANK == 0:
         ROWS.parent.mkdir(parents=True, exist_ok=True)
         with ROWS.open("a") as fh:
             fh.write(json.dumps(row) + "\n")
@@ -111,7 +114,7 @@ def timing(args, mgr):
     dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=0.5))
     owned = dm.partition(full, device=mgr.device)
     torch.cuda.reset_peak_memory_stats()
-    times, status = [], "ok"
+    times, status = [], "ok"  # status stays ok: an OOM returns early below
     try:
         dm(owned)
         for _ in range(args.repeats):
@@ -122,7 +125,11 @@ def timing(args, mgr):
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t)
     except torch.OutOfMemoryError:
-        status = "out of memory"
+        # every rank stopped together (mlipdd tears the group down); report and leave
+        _emit({"task": "time", "tag": args.tag, "model": "mace_medium_f32", "atoms": args.atoms,
+               "gpus": mgr.world_size, "step_s": None, "atom_steps_per_s": None,
+               "peak_GiB_per_gpu": None, "status": "out of memory"})
+        return
     peak = torch.tensor([torch.cuda.max_memory_allocated() / 2**30], device=mgr.device)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     n_atoms = torch.tensor([owned.num_atoms], device=mgr.device)
@@ -140,10 +147,15 @@ def report(args):
     conf = [r for r in rows if r["task"] == "conformance"]
     timed = [r for r in rows if r["task"] == "time"]
     base = {r["atoms"]: r["step_s"] for r in timed if r["gpus"] == 1 and r["status"] == "ok"}
+    per_gpu = {r["gpus"]: r for r in timed if r["status"] == "ok" and r["tag"] in ("strong", "weak")}
     for r in timed:
-        if r["status"] == "ok" and r["atoms"] in base:
+        if r["status"] != "ok":
+            continue
+        if r["tag"] == "strong" and r["atoms"] in base:
             r["speedup"] = base[r["atoms"]] / r["step_s"]
             r["efficiency"] = r["speedup"] / r["gpus"]
+        if r["tag"] == "weak" and 1 in per_gpu:  # weak: same atoms per GPU, ideal is a flat step time
+            r["efficiency"] = per_gpu[1]["step_s"] / r["step_s"]
     text = ["# Multi-GPU runs (NCCL, one rank per H200)", "", args.machine, "",
             "## Conformance vs one GPU", "",
             markdown_table(conf, ["model", "dtype", "atoms", "gpus", "energy_rel", "forces_rel", "stress_rel"]),
@@ -161,6 +173,8 @@ def report(args):
         fig, ax = plt.subplots(figsize=(5, 3.5))
         for tag in sorted({r["tag"] for r in timed}):
             pts = sorted((r["gpus"], r["atom_steps_per_s"]) for r in timed if r["tag"] == tag and r["status"] == "ok")
+            if tag == "weak" and 1 in per_gpu:  # the 1-GPU point of weak scaling is the 27k strong run
+                pts = [(1, per_gpu[1]["atom_steps_per_s"]), *pts]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=tag)
         ax.set_xlabel("GPUs")

@@ -111,6 +111,8 @@ class FIRE(BaseDynamics):
 
     # ---- setup and convergence ----------------------------------------------------------
     def setup(self, batch: Batch) -> None:
+        # the same test as BaseDynamics.setup: will the forces be evaluated afresh?
+        fresh = batch is not self.batch or batch.forces is None or batch.energy is None
         super().setup(batch)
         if self.state is None:
             restarting = self._pending_state is not None and batch.velocities is not None
@@ -120,7 +122,8 @@ class FIRE(BaseDynamics):
         if self._pending_state is not None:
             self._apply_state(self._pending_state)
             self._pending_state = None
-        self._measure_forces(batch)
+        if fresh or self.max_force is None:
+            self._measure_forces(batch)
 
     def _initial_state(self, batch: Batch) -> dict[str, torch.Tensor]:
         n, dtype, device = batch.num_systems, batch.dtype, batch.device

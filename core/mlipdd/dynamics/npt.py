@@ -234,12 +234,17 @@ class _IsotropicBarostat(BaseDynamics):
 
     # ---- checkpoints --------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Step count, barostat velocity (and, for NPT, both thermostat chains), per system."""
+        """Step count, barostat velocity and mass (NPT: and both chains), per system."""
         if self.barostat_velocity is None:
             raise InputError(
                 f"{type(self).__name__} has no state before its first run; call run() first"
             )
-        state = {"step_count": self.step_count, "barostat_velocity": self.barostat_velocity.clone()}
+        state = {
+            "step_count": self.step_count,
+            "barostat_velocity": self.barostat_velocity.clone(),
+            # NPH may have taken W from the starting temperature, which a restart cannot see
+            "barostat_mass": self.barostat_mass.clone(),
+        }
         if self.thermostatted:
             state["thermostat"] = self.chain.state_dict()
             state["barostat_thermostat"] = self.barostat_chain.state_dict()
@@ -269,6 +274,8 @@ class _IsotropicBarostat(BaseDynamics):
                 f"{self.barostat_velocity.numel()}; load a checkpoint of the same batch"
             )
         self.barostat_velocity = v_eps.to(self.barostat_velocity).clone()
+        if "barostat_mass" in state:
+            self.barostat_mass = torch.as_tensor(state["barostat_mass"]).to(v_eps).clone()
         if self.thermostatted:
             self.chain.load_state_dict(state["thermostat"])
             self.barostat_chain.load_state_dict(state["barostat_thermostat"])

@@ -149,8 +149,8 @@ def kinetic2(batch: Batch, reduce) -> torch.Tensor:
 class NoseHoover(BaseDynamics):
     """NVT with a Nosé-Hoover chain (MTK; see the module docstring).
 
-    ``temperature`` in K and ``tdamp`` in fs (one value or one per system; ~100 dt is a
-    common choice). ``chain_length`` links, propagated with ``suzuki_yoshida`` (1, 3 or
+    ``temperature`` in K (one value or one per system) and ``tdamp`` in fs (one value;
+    ~100 dt is a common choice). ``chain_length`` links, propagated with ``suzuki_yoshida`` (1, 3 or
     5) weighted sub-steps (1 is enough while tdamp >> dt; each is a few dozen tiny
     tensor ops, which is what a step's overhead is made of). ``removed_dof_per_system`` degrees of freedom are left out of
     N_f (0 follows ASE's 3N; 3 accounts for a fixed centre of mass).

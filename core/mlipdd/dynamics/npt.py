@@ -284,8 +284,8 @@ class _IsotropicBarostat(BaseDynamics):
 class NPT(_IsotropicBarostat):
     """Isothermal-isobaric MD: isotropic MTK barostat with Nosé-Hoover chains (module doc).
 
-    ``temperature`` K, ``pressure`` bar (1 GPa = 10,000 bar), ``tdamp`` and ``pdamp`` fs
-    (typical: 100 and 1000 time steps); each may be one value or one per system.
+    ``temperature`` K and ``pressure`` bar (1 GPa = 10,000 bar), one value or one per
+    system; ``tdamp`` and ``pdamp`` fs, one value each (typical: 100 and 1000 time steps).
     ``conserved_energy()`` is the MTK extended energy; ``pressure()`` and ``volume()``
     report the instantaneous values; `state_dict` holds the barostat and both chains.
     """

@@ -4,6 +4,7 @@ from mlipdd.distributed.config import DomainConfig, StrategyKind
 from mlipdd.shard.agreement import DistributedInputError, RemoteRankError
 from mlipdd.distributed.manager import DistributedManager
 from mlipdd.distributed.model import DistributedModel
+from mlipdd.distributed.pipeline import DistributedPipelineModel
 from mlipdd.distributed.checkpoint import (
     Checkpoint,
     CheckpointWriter,
@@ -19,6 +20,7 @@ __all__ = [
     "DistributedInputError",
     "DistributedManager",
     "DistributedModel",
+    "DistributedPipelineModel",
     "DomainConfig",
     "RemoteRankError",
     "StrategyKind",

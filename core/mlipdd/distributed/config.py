@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 import torch
 
 from mlipdd.data import InputError
+from mlipdd.strategy.kinds import StrategyKind
 
-
-class StrategyKind(str, enum.Enum):
-    HALO = "halo"  # spatial subdomains + ghost shell (short-range MPNNs, pair potentials)
-    SHARDED = "sharded"  # owned rows only, cross-rank reads routed to owners
-    GRAPH_PARTITION = "graph_partition"  # replicated positions, node partition
+__all__ = ["DomainConfig", "StrategyKind"]
 
 
 @dataclass

@@ -13,10 +13,9 @@ from torch import nn
 
 from mlipdd.data import Batch, InputError
 from mlipdd.distributed.config import DomainConfig, StrategyKind
-from mlipdd.shard.agreement import agree_on_errors, any_rank, check_together, fail_together
+from mlipdd.shard.agreement import agree_on_errors, check_together, fail_together
 from mlipdd.spec.patching import installed
-from mlipdd.shard import ShardMeta, ShardTensor, all_reduce_sum, halo_accumulate, local
-from mlipdd.strategy.halo import HaloStrategy, check_domain_inputs
+from mlipdd.strategy import strategy_for
 
 
 def resolve_spec(model, strategy: StrategyKind, spec=None):
@@ -48,23 +47,20 @@ class DistributedModel(nn.Module):
         self.model = model
         self.config = config
         self.group = group
-        if config.strategy != StrategyKind.HALO:
-            raise NotImplementedError(
-                f"strategy {config.strategy.value!r} is not available yet; use StrategyKind.HALO"
-            )
+        strategy_cls = strategy_for(config.strategy)
         self.spec = resolve_spec(model, config.strategy, spec)
         policy = self.spec.distribution.policy
-        if not (policy.is_halo() or policy.is_local()):
+        if not strategy_cls.accepts(policy):
             raise InputError(
-                f"the spec's policy {type(policy).__name__} does not fit the halo strategy; "
-                "use a halo spec or choose the matching DomainConfig.strategy"
+                f"the spec's policy {type(policy).__name__} does not fit the {config.strategy.value} "
+                "strategy; use a spec made for it or choose the matching DomainConfig.strategy"
             )
         if config.cutoff < model.cutoff - 1e-12:
             raise InputError(
                 f"DomainConfig.cutoff {config.cutoff} is smaller than the model's cutoff "
                 f"{model.cutoff}; ghosts would be missing: use DomainConfig(cutoff=model.cutoff)"
             )
-        self.strategy = HaloStrategy(config.halo_width, config.grid, group)
+        self.strategy = strategy_cls.from_config(config, group)
         self.last_padded: Batch | None = None
 
     @property
@@ -83,64 +79,15 @@ class DistributedModel(nn.Module):
     def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
         with fail_together(self.group):
             check_together(_check_positions, batch, group=self.group)
-            if any_rank(self.strategy.needs_rebuild(batch, self.config.skin), self.group):
-                check_together(check_domain_inputs, batch, group=self.group)
-                self.strategy.migrate(batch)
-                self.strategy.build(batch, self.config.cutoff + self.config.skin)
-            padded, meta = self._padded_batch(batch)
-            error, outputs = None, None
+            self.strategy.prepare(batch)
+            model_batch, meta = self.strategy.model_batch(batch, self.spec)
+            self.last_padded = model_batch
             with installed(self.spec):
-                outputs = self.model(padded, compute_stress=compute_stress)
-            result = self._consolidate(outputs, meta)
-            error = _check_outputs(result)
-            agree_on_errors(error, self.group)
+                outputs = self.model(model_batch, compute_stress=compute_stress)
+            autograd_outputs = getattr(self.model.model_config, "autograd_outputs", frozenset())
+            result = self.strategy.consolidate(outputs, meta, self.spec, autograd_outputs)
+            agree_on_errors(_check_outputs(result), self.group)
             return result
-
-    # ---- internals ----------------------------------------------------------------------
-    def _padded_batch(self, batch: Batch) -> tuple[Batch, ShardMeta]:
-        state = self.strategy.state
-        policy = self.spec.distribution.policy
-        meta = ShardMeta(
-            plan=state.plan,
-            n_systems=batch.num_systems,
-            n_edges=state.neighbors.num_edges,
-            scatter_rule="local" if policy.is_local() else policy.scatter,
-            gather_rule="local" if policy.is_local() else policy.gather,
-            system_reductions=policy.system_reductions,
-            group=self.group,
-        )
-        positions = batch.positions.detach().requires_grad_(True)
-        padded_positions = self.strategy.padded_positions(positions, batch.cell, state)
-        node = {
-            "positions": ShardTensor.wrap(padded_positions, meta),
-            "atomic_numbers": ShardTensor.wrap(torch.cat([batch.atomic_numbers, state.ghost_numbers]), meta),
-            "batch": torch.cat([batch.batch, state.ghost_system]),
-            "atom_ids": torch.cat([batch.atom_ids, state.ghost_ids]),
-        }
-        padded = Batch._from_dicts(node, dict(batch.system))
-        padded.neighbors = state.neighbors
-        padded.n_owned = batch.num_atoms  # for diagnostics; models must not need it
-        self.last_padded = padded
-        return padded, meta
-
-    def _consolidate(self, outputs: dict, meta: ShardMeta) -> dict[str, torch.Tensor]:
-        spec = self.spec
-        autograd_outputs = getattr(self.model.model_config, "autograd_outputs", frozenset())
-        result = {}
-        for name, value in outputs.items():
-            if not torch.is_tensor(value):
-                result[name] = value
-                continue
-            value = local(value).detach()
-            if name in spec.all_reduce_outputs:
-                value = all_reduce_sum(value, self.group)
-            elif value.dim() > 0 and value.shape[0] == meta.n_padded:
-                # per-atom: derivatives hold partials on ghost rows, values hold mirrors
-                if name in autograd_outputs and name not in spec.owned_only_outputs:
-                    value = halo_accumulate(value, meta.plan)
-                value = value[: meta.n_owned]
-            result[name] = value
-        return result
 
 
 def _check_positions(batch: Batch) -> None:

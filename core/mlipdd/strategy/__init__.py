@@ -1,0 +1,28 @@
+"""Decomposition strategies, found by `StrategyKind`.
+
+A strategy implements: ``from_config(config, group)``, ``accepts(policy)``,
+``partition(full, device)``, ``prepare(batch)`` (collective; rebuilds and migrates
+when due), ``model_batch(batch, spec) -> (batch, meta)`` and
+``consolidate(outputs, meta, spec, autograd_outputs)``. `DistributedModel` drives
+any of them the same way.
+"""
+
+from __future__ import annotations
+
+from mlipdd.strategy.halo import HaloStrategy
+from mlipdd.strategy.kinds import StrategyKind
+
+STRATEGIES: dict[StrategyKind, type] = {StrategyKind.HALO: HaloStrategy}
+
+
+def strategy_for(kind: StrategyKind) -> type:
+    try:
+        return STRATEGIES[StrategyKind(kind)]
+    except KeyError:
+        raise NotImplementedError(
+            f"strategy {StrategyKind(kind).value!r} is not available yet; available: "
+            f"{sorted(k.value for k in STRATEGIES)}"
+        ) from None
+
+
+__all__ = ["STRATEGIES", "HaloStrategy", "StrategyKind", "strategy_for"]

@@ -23,9 +23,11 @@ import torch
 import torch.distributed as dist
 
 from mlipdd.data import Batch, InputError, fractional
-from mlipdd.shard.agreement import agree_on_errors
 from mlipdd.neighbors import NeighborList, build_neighbor_list
+from mlipdd.shard import ShardMeta, ShardTensor, all_reduce_sum, halo_accumulate, local
+from mlipdd.shard.agreement import agree_on_errors, any_rank, check_together
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows, pad
+from mlipdd.strategy.kinds import StrategyKind
 from mlipdd.strategy.grid import RankGrid, check_grid, choose_grid, halo_targets, plane_spacings
 
 
@@ -45,8 +47,15 @@ class HaloState:
 
 
 class HaloStrategy:
-    def __init__(self, width: float, grid: tuple[int, int, int] | None, group=None):
+    """The spatial halo strategy (see the module docstring); one per DistributedModel."""
+
+    kind = StrategyKind.HALO
+
+    def __init__(self, width: float, grid: tuple[int, int, int] | None, group=None,
+                 cutoff: float | None = None, skin: float = 0.0):
         self.width = float(width)
+        self.cutoff = float(cutoff if cutoff is not None else width - skin)
+        self.skin = float(skin)
         self.requested_grid = grid
         self.group = group
         self.grid: RankGrid | None = None
@@ -68,6 +77,66 @@ class HaloStrategy:
             else:
                 self.grid = choose_grid(cell, self.world_size, self.width)
         return self.grid
+
+    @classmethod
+    def from_config(cls, config, group=None) -> "HaloStrategy":
+        return cls(config.halo_width, config.grid, group, cutoff=config.cutoff, skin=config.skin)
+
+    @staticmethod
+    def accepts(policy) -> bool:
+        return policy.is_halo() or policy.is_local()
+
+    # ---- the strategy protocol (what DistributedModel calls) ------------------------
+    def prepare(self, batch: Batch) -> None:
+        """Collective: at a rebuild (decided by all ranks), validate, migrate, build the halo."""
+        if any_rank(self.needs_rebuild(batch, self.skin), self.group):
+            check_together(check_domain_inputs, batch, group=self.group)
+            self.migrate(batch)
+            self.build(batch, self.cutoff + self.skin)
+
+    def model_batch(self, batch: Batch, spec) -> tuple[Batch, ShardMeta]:
+        """The batch the model sees: ``[owned | ghost]`` rows, positions as a ShardTensor."""
+        state = self.state
+        policy = spec.distribution.policy
+        meta = ShardMeta(
+            plan=state.plan,
+            n_systems=batch.num_systems,
+            n_edges=state.neighbors.num_edges,
+            scatter_rule="local" if policy.is_local() else policy.scatter,
+            gather_rule="local" if policy.is_local() else policy.gather,
+            system_reductions=policy.system_reductions,
+            group=self.group,
+        )
+        positions = batch.positions.detach().requires_grad_(True)
+        padded_positions = self.padded_positions(positions, batch.cell, state)
+        node = {
+            "positions": ShardTensor.wrap(padded_positions, meta),
+            "atomic_numbers": ShardTensor.wrap(torch.cat([batch.atomic_numbers, state.ghost_numbers]), meta),
+            "batch": torch.cat([batch.batch, state.ghost_system]),
+            "atom_ids": torch.cat([batch.atom_ids, state.ghost_ids]),
+        }
+        padded = Batch._from_dicts(node, dict(batch.system))
+        padded.neighbors = state.neighbors
+        padded.n_owned = batch.num_atoms  # for diagnostics; models must not need it
+        return padded, meta
+
+    def consolidate(self, outputs: dict, meta: ShardMeta, spec, autograd_outputs) -> dict:
+        """Per output: partial sums all-reduced, per-atom rows back to owned rows."""
+        result = {}
+        for name, value in outputs.items():
+            if not torch.is_tensor(value):
+                result[name] = value
+                continue
+            value = local(value).detach()
+            if name in spec.all_reduce_outputs:
+                value = all_reduce_sum(value, self.group)
+            elif value.dim() > 0 and value.shape[0] == meta.n_padded:
+                # per-atom: derivatives hold partials on ghost rows, values hold mirrors
+                if name in autograd_outputs and name not in spec.owned_only_outputs:
+                    value = halo_accumulate(value, meta.plan)
+                value = value[: meta.n_owned]
+            result[name] = value
+        return result
 
     # ---- ownership ------------------------------------------------------------------
     def owners(self, batch: Batch) -> torch.Tensor:

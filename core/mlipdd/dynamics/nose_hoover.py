@@ -60,6 +60,14 @@ def check_positive(value, name: str, unit: str, hint: str) -> float | list[float
     return values[0] if len(values) == 1 else values
 
 
+def check_time_constant(value, name: str, hint: str) -> float:
+    """A damping time in fs: one positive number (the same for every system)."""
+    checked = check_positive(value, name, "fs", hint)
+    if isinstance(checked, list):
+        raise InputError(f"{name} is one time in fs for every system, got {value}; {hint}")
+    return checked
+
+
 class NoseHooverChain:
     """M thermostat particles per system coupled to one kinetic energy (see module NOTE).
 
@@ -178,7 +186,7 @@ class NoseHoover(BaseDynamics):
     ):
         super().__init__(model, dt, hooks, **kwargs)
         self.temperature_K = check_positive(temperature, "temperature", "K", "e.g. 300")
-        self.tdamp_fs = float(check_positive(tdamp, "tdamp", "fs", "try 100 time steps"))
+        self.tdamp_fs = check_time_constant(tdamp, "tdamp", "try 100 time steps")
         if int(chain_length) < 1:
             raise InputError(f"chain_length must be >= 1, got {chain_length}; 3 is usual")
         if suzuki_yoshida not in SUZUKI_YOSHIDA_WEIGHTS:

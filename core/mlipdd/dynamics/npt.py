@@ -42,6 +42,7 @@ from mlipdd.dynamics.nose_hoover import (
     SUZUKI_YOSHIDA_WEIGHTS,
     NoseHooverChain,
     check_positive,
+    check_time_constant,
     kinetic2,
     per_system,
 )
@@ -79,16 +80,14 @@ class _IsotropicBarostat(BaseDynamics):
     ):
         super().__init__(model, dt, hooks, **kwargs)
         self.pressure_bar = _check_pressure(pressure)
-        self.pdamp_fs = float(check_positive(pdamp, "pdamp", "fs", "try 1000 time steps"))
+        self.pdamp_fs = check_time_constant(pdamp, "pdamp", "try 1000 time steps")
         self.temperature_K = (
             None
             if temperature is None
             else check_positive(temperature, "temperature", "K", "e.g. 300")
         )
         self.tdamp_fs = (
-            None
-            if tdamp is None
-            else float(check_positive(tdamp, "tdamp", "fs", "try 100 time steps"))
+            None if tdamp is None else check_time_constant(tdamp, "tdamp", "try 100 time steps")
         )
         if int(chain_length) < 1:
             raise InputError(f"chain_length must be >= 1, got {chain_length}; 3 is usual")

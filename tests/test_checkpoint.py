@@ -4,7 +4,6 @@ import os
 
 import pytest
 import torch
-
 from mlipdd.data import InputError
 from mlipdd.distributed import (
     CheckpointWriter,
@@ -16,7 +15,6 @@ from mlipdd.distributed import (
 )
 from mlipdd.distributed.checkpoint import checkpoint_payload, write_atomically
 from mlipdd.testing import run_ranks
-
 from test_domain_parallel import CUTOFF, Snapshots, hot_liquid, integrator
 
 FIRST, MORE, EVERY = 60, 60, 20

@@ -24,7 +24,9 @@ hooks' files.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
+from typing import Self
 
 import torch.distributed as dist
 
@@ -222,11 +224,11 @@ class DomainParallel:
         for scoped in self.scoped_hooks:
             try:
                 scoped.close()
-            except Exception:  # noqa: BLE001 - teardown must reach every hook
-                pass
+            except Exception as exc:  # noqa: BLE001 - teardown must reach every hook
+                warnings.warn(f"closing hook {scoped!r} failed: {exc}", stacklevel=2)
         self._snapshots.clear()
 
-    def __enter__(self) -> DomainParallel:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

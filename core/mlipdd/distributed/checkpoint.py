@@ -77,6 +77,18 @@ def _to_cpu(value):
     return value
 
 
+def _to_device(value, device):
+    """Tensors anywhere in a (nested) state moved to ``device``; integrators keep nested
+    state (a thermostat chain's dict inside the integrator's)."""
+    if torch.is_tensor(value):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    return value
+
+
 def _integrator(dynamics):
     """The real integrator behind a gathered hook's view (see `mlipdd.distributed.hooks`)."""
     return getattr(dynamics, "wrapped_dynamics", dynamics)
@@ -115,7 +127,7 @@ def restore_dynamics(dynamics, checkpoint: Checkpoint, device=None) -> None:
         )
     state = checkpoint.dynamics_state
     if device is not None:
-        state = {k: v.to(device) if torch.is_tensor(v) else v for k, v in state.items()}
+        state = _to_device(state, device)
     custom = getattr(dyn, "load_state_dict", None)
     if callable(custom):
         custom(state)

@@ -22,10 +22,9 @@ import time
 _HERE = pathlib.Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 
-import torch  # noqa: E402
-
+import torch
 from _common import median_time, write_results
-from mlipdd.distributed import DistributedModel, DomainConfig  # noqa: E402
+from mlipdd.distributed import DistributedModel, DomainConfig
 from mlipdd.lattices import silicon_diamond
 from mlipdd.neighbors import attach_neighbors
 from mlipdd_mace import MACEWrapper
@@ -73,7 +72,7 @@ def one_size(n_atoms, medium, dtype, device, repeats):
     except torch.OutOfMemoryError:
         row["note"] = "out of memory"
     finally:
-        del raw, wrapper
+        raw = wrapper = dm = None  # release GPU memory before the next size
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
     return row

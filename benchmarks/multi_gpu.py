@@ -25,8 +25,8 @@ import time
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
 HERE = pathlib.Path(__file__).resolve().parent
 # benchmarks/mace.py is named like the `mace` package: keep this folder behind site-packages.
@@ -89,7 +89,7 @@ def conformance(args, mgr):
         forces = _gather_owned(owned, out["forces"])
         if mgr.rank == 0:  # the one-GPU answer, same device kind
             ref = model(system.to(mgr.device), compute_stress=True)
-            rel = lambda a, b: float((a.cpu() - b.detach().cpu()).abs().max() / b.detach().abs().max())  # noqa: E731
+            rel = lambda a, b: float((a.cpu() - b.detach().cpu()).abs().max() / b.detach().abs().max())
             row = {"task": "conformance", "model": name, "dtype": str(dtype).split(".")[-1],
                    "atoms": system.num_atoms, "gpus": mgr.world_size,
                    "energy_rel": rel(out["energy"], ref["energy"]), "forces_rel": rel(forces, ref["forces"]),

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 
 import torch
-
 from _common import median_time, write_results
 from mlipdd.distributed import DistributedModel, DomainConfig
 from mlipdd.lattices import fcc_argon

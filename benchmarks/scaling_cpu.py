@@ -14,7 +14,6 @@ import time
 
 import torch
 import torch.distributed as dist
-
 from _common import write_results
 from mlipdd.distributed import DistributedModel, DomainConfig
 from mlipdd.lattices import fcc_argon

@@ -15,14 +15,13 @@ import os
 import tempfile
 
 import torch
-from torch import nn
-
 from mlipdd import Batch
 from mlipdd.distributed import DistributedManager, DistributedModel, DomainConfig
 from mlipdd.lattices import fcc_argon
 from mlipdd.models import ModelConfig, ModelWrapper, NeighborConfig
 from mlipdd.spec import MLIPSpec
 from mlipdd.testing.systems import triclinic
+from torch import nn
 
 
 class MyMPNN(ModelWrapper):

@@ -3,7 +3,6 @@ machinery, NCCL with one rank, several gloo ranks sharing one GPU."""
 
 import pytest
 import torch
-
 from mlipdd.models.lj import LennardJones
 from mlipdd.testing.conformance import check_conformance
 from mlipdd.testing.systems import small_cell, triclinic, two_systems

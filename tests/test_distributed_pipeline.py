@@ -1,9 +1,8 @@
 """A pipeline of two models under one halo equals the single-process pipeline."""
 
 import pytest
-
-from mlipdd.distributed import DistributedModel, DistributedPipelineModel, DomainConfig
 from mlipdd.data import InputError
+from mlipdd.distributed import DistributedModel, DistributedPipelineModel, DomainConfig
 from mlipdd.models.lj import LennardJones
 from mlipdd.models.pipeline import PipelineModelWrapper
 from mlipdd.testing import run_ranks

@@ -2,12 +2,11 @@
 
 import pytest
 import torch
-
+from mlipdd.data import Batch
 from mlipdd.models.lj import LennardJones
 from mlipdd.testing.conformance import check_conformance
 from mlipdd.testing.systems import AWKWARD_CELLS, _grid_system
 from mlipdd.testing.toy_models import ToyMPNN
-from mlipdd.data import Batch
 
 
 def lj():

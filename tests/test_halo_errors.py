@@ -4,7 +4,6 @@ import time
 
 import pytest
 import torch
-
 from mlipdd.data import InputError
 from mlipdd.distributed import DistributedModel, DomainConfig
 from mlipdd.testing import RankFailure, run_ranks

@@ -66,7 +66,7 @@ class DistributedManager:
             dist.destroy_process_group()
             self._owns_group = False
 
-    def __enter__(self) -> "DistributedManager":
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:

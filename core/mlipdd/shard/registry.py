@@ -8,7 +8,7 @@ distributed run actually exercised.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 Predicate = Callable[..., bool]
 Handler = Callable[..., object]

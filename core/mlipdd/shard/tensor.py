@@ -129,7 +129,7 @@ class ShardTensor(torch.Tensor):
     _meta: ShardMeta
 
     @staticmethod
-    def wrap(tensor: torch.Tensor, meta: ShardMeta) -> "ShardTensor":
+    def wrap(tensor: torch.Tensor, meta: ShardMeta) -> ShardTensor:
         """Promote a plain tensor (this rank's rows) to a ShardTensor; zero-copy."""
         with torch._C.DisableTorchFunctionSubclass():
             out = tensor.as_subclass(ShardTensor)

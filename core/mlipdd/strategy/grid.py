@@ -26,12 +26,12 @@ class RankGrid:
         return self.dims[0] * self.dims[1] * self.dims[2]
 
     def coords(self, rank: int) -> tuple[int, int, int]:
-        gx, gy, gz = self.dims
+        _, gy, gz = self.dims
         return rank // (gy * gz), (rank // gz) % gy, rank % gz
 
     def rank_of(self, cells: torch.Tensor) -> torch.Tensor:
         """Rank of grid cells given as integer coordinates (..., 3)."""
-        gx, gy, gz = self.dims
+        _, gy, gz = self.dims
         return (cells[..., 0] * gy + cells[..., 1]) * gz + cells[..., 2]
 
     def owner(self, frac: torch.Tensor) -> torch.Tensor:
@@ -85,7 +85,7 @@ def check_grid(grid: RankGrid, world_size: int) -> RankGrid:
 
 def image_range(frac_width: torch.Tensor) -> int:
     """How many cell images each way a halo of this fractional width can reach."""
-    return max(1, int(math.ceil(float(frac_width.max())))) if frac_width.numel() else 1
+    return max(1, math.ceil(float(frac_width.max()))) if frac_width.numel() else 1
 
 
 def halo_targets(frac: torch.Tensor, frac_width: torch.Tensor, periodic: torch.Tensor,

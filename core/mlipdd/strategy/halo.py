@@ -27,8 +27,8 @@ from mlipdd.neighbors import NeighborList, build_neighbor_list
 from mlipdd.shard import ShardMeta, ShardTensor, all_reduce_sum, halo_accumulate, local
 from mlipdd.shard.agreement import agree_on_errors, any_rank, check_together
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows, pad
-from mlipdd.strategy.kinds import StrategyKind
 from mlipdd.strategy.grid import RankGrid, check_grid, choose_grid, halo_targets, plane_spacings
+from mlipdd.strategy.kinds import StrategyKind
 
 
 @dataclass
@@ -79,7 +79,7 @@ class HaloStrategy:
         return self.grid
 
     @classmethod
-    def from_config(cls, config, group=None) -> "HaloStrategy":
+    def from_config(cls, config, group=None) -> HaloStrategy:
         return cls(config.halo_width, config.grid, group, cutoff=config.cutoff, skin=config.skin)
 
     @staticmethod

@@ -7,8 +7,8 @@ forces back in global atom order and compares energy, forces and stress.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 

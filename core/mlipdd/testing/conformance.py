@@ -35,12 +35,23 @@ def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max()) / scale if a.numel() else 0.0
 
 
+def build_model(model_factory: Callable, device="cpu"):
+    """``model_factory()`` on ``device``; a raw model (e.g. a mace module) is wrapped through
+    the plugin system first, as `DistributedModel` and `trace_and_validate` do."""
+    model = model_factory()
+    if not hasattr(model, "model_config"):
+        from mlipdd.plugins import wrap_model
+
+        model = wrap_model(model)
+    return model.to(device)
+
+
 def distributed_outputs(rank, world_size, model_factory, batch, config_kwargs, compute_stress, spec=None,
                         device="cpu"):
     """Worker: partition ``batch`` from rank 0, one distributed forward, owned results."""
     from mlipdd.distributed import DistributedModel, DomainConfig
 
-    model = model_factory().to(device)
+    model = build_model(model_factory, device)
     config = DomainConfig(**{"cutoff": model.cutoff, **config_kwargs})
     dm = DistributedModel(model, config, spec=spec)
     owned = dm.partition(batch if rank == 0 else None, device=device)
@@ -67,7 +78,7 @@ def check_conformance(model_factory: Callable, batch: Batch, world_size: int, co
                       config_kwargs: dict | None = None, spec=None, timeout: float = 300.0,
                       device: str = "cpu", backend: str = "gloo") -> ConformanceResult:
     """``device="cuda"`` runs the reference and every rank on the GPU (ranks share it over gloo)."""
-    model = model_factory().to(device)
+    model = build_model(model_factory, device)
     reference = model(batch.clone().to(device), compute_stress=compute_stress)
     reference = {k: v.detach().cpu() for k, v in reference.items() if torch.is_tensor(v)}
     parts = run_ranks(distributed_outputs, world_size, model_factory, batch, config_kwargs or {},

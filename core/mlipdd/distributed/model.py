@@ -8,6 +8,8 @@ already replicated, partial stress summed).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -82,12 +84,19 @@ class DistributedModel(nn.Module):
             self.strategy.prepare(batch)
             model_batch, meta = self.strategy.model_batch(batch, self.spec)
             self.last_padded = model_batch
-            with installed(self.spec):
+            with installed(self.spec), _model_scope(self.strategy, meta):
                 outputs = self.model(model_batch, compute_stress=compute_stress)
             autograd_outputs = getattr(self.model.model_config, "autograd_outputs", frozenset())
             result = self.strategy.consolidate(outputs, meta, self.spec, autograd_outputs)
             agree_on_errors(_check_outputs(result), self.group)
             return result
+
+
+def _model_scope(strategy, meta):
+    """The strategy's optional context around the model forward (graph partition publishes
+    its node partition there); a no-op for strategies without one."""
+    scope = getattr(strategy, "model_scope", None)
+    return scope(meta) if scope is not None else contextlib.nullcontext()
 
 
 def _check_positions(batch: Batch) -> None:

@@ -3,16 +3,20 @@
 A strategy implements: ``from_config(config, group)``, ``accepts(policy)``,
 ``partition(full, device)``, ``prepare(batch)`` (collective; rebuilds and migrates
 when due), ``model_batch(batch, spec) -> (batch, meta)`` and
-``consolidate(outputs, meta, spec, autograd_outputs)``. `DistributedModel` drives
-any of them the same way.
+``consolidate(outputs, meta, spec, autograd_outputs)``; optionally
+``model_scope(meta)``, a context manager entered around the model's forward (graph
+partition publishes its node partition there). `DistributedModel` drives any of them
+the same way.
 """
 
 from __future__ import annotations
 
+from mlipdd.strategy.graph_partition import GraphPartitionStrategy
 from mlipdd.strategy.halo import HaloStrategy
 from mlipdd.strategy.kinds import StrategyKind
 
 STRATEGIES: dict[StrategyKind, type] = {StrategyKind.HALO: HaloStrategy}
+STRATEGIES[StrategyKind.GRAPH_PARTITION] = GraphPartitionStrategy
 
 
 def strategy_for(kind: StrategyKind) -> type:
@@ -25,4 +29,4 @@ def strategy_for(kind: StrategyKind) -> type:
         ) from None
 
 
-__all__ = ["STRATEGIES", "HaloStrategy", "StrategyKind", "strategy_for"]
+__all__ = ["STRATEGIES", "GraphPartitionStrategy", "HaloStrategy", "StrategyKind", "strategy_for"]

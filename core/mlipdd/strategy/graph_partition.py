@@ -1,0 +1,205 @@
+"""Graph-partition strategy: replicated geometry, a balanced node partition.
+
+For models that build their own graph inside forward (UMA / eSCN, or
+`mlipdd.testing.graph_building_model`), so there is no neighbour list to hand them
+and no halo to pad. Instead:
+
+* ``partition`` validates the full batch on rank 0 and broadcasts it; every rank keeps
+  the static per-atom data (numbers, system index, ids) and returns its owned block,
+  rows ``arange(n).tensor_split(W)[rank]`` of the whole batch (all systems together);
+* each forward all-gathers the owned positions, so the model sees the FULL geometry
+  (and the current cell, from the owned batch) and builds its graph on it; the
+  partition is published for the forward (`mlipdd.shard.graph_parallel`), and the
+  model keeps the edges of owned receivers, runs its layers on owned rows and calls
+  ``gather_nodes`` before reading sender features (reduce-scatter adjoint);
+* per-system energy comes out replicated (the model's ``sum_over_ranks``), stress
+  partials are all-reduced here, and forces, each rank's gradient with respect to the
+  replicated positions, are summed over ranks and cut to the owned block.
+
+Atoms never change owner and the cell is an ordinary model input, so there is no
+migration, no rebuild and no cell tracking.
+
+Memory. Per rank, the layer activations span the owned rows and the edges of owned
+receivers, about 1/W of the single-process activations, which dominate the peak of a
+message-passing model. It stops saving at what is replicated: the full positions and
+static atom data, the graph build on the full geometry (the library's full list
+before filtering, O(N) edges for a moment), and the gathered node features of each
+layer (N x F per layer, kept for backward). So the ratio to one process approaches
+1/W only when features per edge outweigh features per node; at small N, or with few
+edge channels, the replicated part dominates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from mlipdd.data import Batch, InputError
+from mlipdd.shard import ExchangePlan, ShardMeta, all_reduce_sum, local
+from mlipdd.shard.agreement import agree_on_errors, check_together
+from mlipdd.shard.graph_parallel import (
+    NodePartition,
+    PartitionScope,
+    gather_rows,
+    partition_scope,
+    reduce_scatter_rows,
+)
+from mlipdd.strategy.grid import RankGrid
+from mlipdd.strategy.kinds import StrategyKind
+
+# Per-atom fields that change during a run and are no model input: not replicated.
+_DYNAMIC_FIELDS = ("positions", "velocities", "forces", "image")
+
+
+@dataclass
+class GraphPartitionState:
+    """Fixed for the run: the partition and the replicated static atom data."""
+
+    partition: NodePartition
+    static_node: dict  # full-batch per-atom fields except positions (and dynamics)
+    owned_ids: torch.Tensor  # atom ids of this rank's block, to check the batch given
+    n_systems: int
+    plan: ExchangePlan  # no ghost rows: lets halo-style reporting read n_ghost == 0
+
+
+class GraphPartitionStrategy:
+    """See the module docstring; one per DistributedModel."""
+
+    kind = StrategyKind.GRAPH_PARTITION
+
+    def __init__(self, group=None):
+        self.group = group
+        self.state: GraphPartitionState | None = None
+        # W blocks along the atom index, reported the way a (W, 1, 1) rank grid is
+        self.grid = RankGrid((self.world_size, 1, 1))
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank(self.group) if dist.is_initialized() else 0
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size(self.group) if dist.is_initialized() else 1
+
+    @classmethod
+    def from_config(cls, config, group=None) -> GraphPartitionStrategy:
+        # cutoff and skin are the model's business: it builds its own graph every call
+        return cls(group)
+
+    @staticmethod
+    def accepts(policy) -> bool:
+        return policy.is_graph_parallel()
+
+    # ---- the strategy protocol ----------------------------------------------------------
+    def partition(self, full: Batch | None, device=None) -> Batch:
+        """Rank 0's full batch -> every rank keeps it replicated, returns its owned block."""
+        error = None
+        if self.rank == 0:
+            try:
+                if full is None:
+                    raise InputError("partition() needs the full system on rank 0; got None there")
+                full = full.clone().to("cpu")
+                full.validate()
+            except Exception as exc:  # noqa: BLE001 - raised on every rank just below
+                error = exc
+        agree_on_errors(error, self.group)
+        if self.world_size > 1:
+            box = [full if self.rank == 0 else None]
+            dist.broadcast_object_list(box, src=0, group=self.group)
+            full = box[0]
+        if device is not None:
+            full = full.to(device)
+        p = NodePartition.balanced(full.num_atoms, self.world_size, self.rank, self.group)
+        rows = torch.arange(p.start, p.stop, device=full.device)
+        owned = full.select_atoms(rows)
+        empty = torch.zeros(0, dtype=torch.long, device=full.device)
+        zeros = (0,) * self.world_size
+        self.state = GraphPartitionState(
+            partition=p,
+            static_node={k: v for k, v in full.node.items() if k not in _DYNAMIC_FIELDS},
+            owned_ids=owned.atom_ids.clone(),
+            n_systems=full.num_systems,
+            plan=ExchangePlan(empty, zeros, zeros, p.n_owned, self.group),
+        )
+        return owned
+
+    def prepare(self, batch: Batch) -> None:
+        """Nothing to rebuild; only check (together) that this is the batch partition() gave."""
+        check_together(self._check_owned, batch, group=self.group)
+
+    def model_batch(self, batch: Batch, spec) -> tuple[Batch, ShardMeta]:
+        """The FULL geometry (gathered positions, current cell) and the partition in a ShardMeta."""
+        state = self.state
+        p = state.partition
+        positions = gather_rows(local(batch.positions).detach(), p)
+        node = dict(state.static_node)
+        node["positions"] = positions
+        full = Batch._from_dicts(node, dict(batch.system))
+        policy = spec.distribution.policy
+        meta = ShardMeta(
+            plan=state.plan,
+            n_systems=state.n_systems,
+            scatter_rule=policy.scatter,
+            gather_rule=policy.gather,
+            system_reductions=policy.system_reductions,
+            group=self.group,
+            notes={"kind": "graph_parallel", "partition": p, "scope": PartitionScope(p)},
+        )
+        return full, meta
+
+    def model_scope(self, meta: ShardMeta):
+        """Entered around the model's forward: publishes the partition to the helpers."""
+        return partition_scope(meta.notes["scope"])
+
+    def consolidate(self, outputs: dict, meta: ShardMeta, spec, autograd_outputs) -> dict:
+        """Stress partials all-reduced; full-row gradients summed over ranks, owned block kept."""
+        scope: PartitionScope = meta.notes["scope"]
+        agree_on_errors(None if scope.used else _unaware_model_error(), self.group)
+        p = scope.partition
+        result = {}
+        for name, value in outputs.items():
+            if not torch.is_tensor(value):
+                result[name] = value
+                continue
+            value = local(value).detach()
+            if name in spec.all_reduce_outputs:
+                value = all_reduce_sum(value, self.group)
+            elif value.dim() > 0 and value.shape[0] == p.n_nodes and name in autograd_outputs \
+                    and name not in spec.owned_only_outputs:
+                value = reduce_scatter_rows(value, p)  # this rank's partial of every row
+            elif value.dim() > 0 and value.shape[0] == p.n_nodes and p.n_owned != p.n_nodes:
+                value = value[p.owned_slice]  # replicated per-atom values
+            result[name] = value  # owned rows already, or per system and replicated
+        return result
+
+    # ---- checks -------------------------------------------------------------------------
+    def _check_owned(self, batch: Batch) -> None:
+        state = self.state
+        if state is None:
+            raise InputError(
+                "graph partition has no partition yet: call dm.partition(full_batch_on_rank_0) "
+                "and pass the batch it returns"
+            )
+        p = state.partition
+        if batch.num_atoms != p.n_owned or not torch.equal(batch.atom_ids, state.owned_ids):
+            raise InputError(
+                f"rank {p.rank} owns atoms {p.start}..{p.stop - 1} ({p.n_owned}) under graph partition "
+                f"but was given a batch of {batch.num_atoms} atoms with other ids; pass the batch "
+                "partition() returned (atoms never change owner under graph partition)"
+            )
+        if batch.num_systems != state.n_systems:
+            raise InputError(
+                f"the batch has {batch.num_systems} systems, the partitioned one {state.n_systems}; "
+                "call partition() again for a new set of systems"
+            )
+
+
+def _unaware_model_error() -> InputError:
+    return InputError(
+        "the model ran under graph partition without asking for its node partition, so every "
+        "rank did the whole computation and the forces would be counted once per rank. Make "
+        "the model graph-parallel aware with mlipdd.shard.graph_parallel (keep_owned_receivers, "
+        "gather_nodes, sum_over_ranks; identity in one process) or use the halo strategy"
+    )

@@ -1,6 +1,7 @@
 """ShardTensor and the dispatch machinery (knows nothing of models or dynamics)."""
 
 from mlipdd.shard import handlers as _handlers  # noqa: F401  (fills the registry)
+from mlipdd.shard import sharded_handlers as _sharded_handlers  # noqa: F401  (sharded storage rules)
 from mlipdd.shard.exchange import (
     ExchangePlan,
     all_reduce_sum,

@@ -21,13 +21,19 @@ def _always(*args, **kwargs) -> bool:
     return True
 
 
-def register(*ops, predicate: Predicate = _always, name: str | None = None):
-    """Decorator: ``handler(func, meta, args, kwargs)`` handles ``ops`` when ``predicate(meta, args, kwargs)``."""
+def register(*ops, predicate: Predicate = _always, name: str | None = None, first: bool = False):
+    """Decorator: ``handler(func, meta, args, kwargs)`` handles ``ops`` when ``predicate(meta, args, kwargs)``.
+
+    ``first=True`` puts the rule ahead of the ones already registered: a storage layout
+    whose predicates accept only its own metas (sharded storage) overrides the generic
+    halo rules for those metas and leaves every other call to them.
+    """
 
     def decorate(handler: Handler) -> Handler:
         label = name or handler.__name__
         for op in ops:
-            _RULES.setdefault(op, []).append((predicate, handler, label))
+            rules = _RULES.setdefault(op, [])
+            rules.insert(0 if first else len(rules), (predicate, handler, label))
         return handler
 
     return decorate

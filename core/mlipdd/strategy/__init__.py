@@ -14,8 +14,10 @@ from __future__ import annotations
 from mlipdd.strategy.graph_partition import GraphPartitionStrategy
 from mlipdd.strategy.halo import HaloStrategy
 from mlipdd.strategy.kinds import StrategyKind
+from mlipdd.strategy.sharded import ShardedStrategy
 
 STRATEGIES: dict[StrategyKind, type] = {StrategyKind.HALO: HaloStrategy}
+STRATEGIES[StrategyKind.SHARDED] = ShardedStrategy
 STRATEGIES[StrategyKind.GRAPH_PARTITION] = GraphPartitionStrategy
 
 

@@ -116,6 +116,23 @@ def test_request_plan_kept_until_the_list_is_rebuilt():
         _assert_matches([r["steps"][step] for r in results], _reference(moved), batch.num_atoms)
 
 
+def _no_grad_worker(rank, world_size, batch):
+    """As dynamics calls a model: under no_grad, without stress."""
+    model = qeq()
+    dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, strategy=StrategyKind.SHARDED))
+    owned = dm.partition(batch if rank == 0 else None)
+    with torch.no_grad():
+        out = dm(owned)
+    return {"atom_ids": owned.atom_ids, "forces": out["forces"]}
+
+
+def test_forces_under_no_grad_as_dynamics_asks_for_them():
+    batch = charged_pair()
+    parts = run_ranks(_no_grad_worker, 2, batch)
+    forces = gather_by_id(parts, "forces", batch.num_atoms)
+    assert relative_difference(forces, _reference(batch)["forces"]) <= 1e-10
+
+
 def test_sharded_stores_only_owned_rows():
     """Every atom is stored once over all ranks; remote reads need at most the halo's ghosts."""
     batch = neutral_triclinic()

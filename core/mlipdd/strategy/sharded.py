@@ -79,9 +79,11 @@ class ShardedStrategy(HaloStrategy):
             global_ids=batch.atom_ids,
             remote_ids=state.remote_ids,
         )
-        positions = batch.positions.detach().requires_grad_(True)
+        # the ShardTensor itself is the leaf: wrapping a leaf under no_grad (dynamics) would
+        # give an alias outside the graph, which autograd.grad could not differentiate by
+        positions = ShardTensor.wrap(batch.positions.detach(), meta).requires_grad_(True)
         node = {
-            "positions": ShardTensor.wrap(positions, meta),
+            "positions": positions,
             "atomic_numbers": ShardTensor.wrap(batch.atomic_numbers, meta),
             "batch": batch.batch,
             "atom_ids": batch.atom_ids,

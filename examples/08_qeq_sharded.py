@@ -22,7 +22,6 @@ import sys
 
 import torch
 import torch.distributed as dist
-
 from mlipdd.data import Batch
 from mlipdd.distributed import DistributedManager, DistributedModel, DomainConfig, DomainParallel
 from mlipdd.distributed.config import StrategyKind

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from mlipdd.data import AtomicData, Batch, InputError
 from mlipdd.distributed import DistributedInputError, DistributedModel, DomainConfig, StrategyKind
 from mlipdd.shard import FIRED

@@ -3,7 +3,6 @@
 
 import pytest
 import torch
-
 from mlipdd.data import InputError
 from mlipdd.distributed import DistributedPipelineModel, DomainConfig, StrategyKind
 from mlipdd.models.lj import LennardJones

@@ -77,11 +77,11 @@ class ShardedMeta(ShardMeta):
     def row_kind(self, rows: int) -> str:
         return "other" if self.replicated else super().row_kind(rows)
 
-    def as_replicated(self) -> "ShardedMeta":
+    def as_replicated(self) -> ShardedMeta:
         # system_reductions off: a replicated value is never summed over ranks again
         return dataclasses.replace(self, replicated=True, system_reductions=False)
 
-    def as_rows(self) -> "ShardedMeta":
+    def as_rows(self) -> ShardedMeta:
         if not self.replicated:
             return self
         return dataclasses.replace(self, replicated=False, system_reductions=True)

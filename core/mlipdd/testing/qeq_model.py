@@ -25,9 +25,15 @@ import torch
 from torch import nn
 
 from mlipdd.data import Batch, InputError
-from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig, energy_forces_stress, per_system_sum
-from mlipdd.spec.presets import SPEC_MPNN_SHARDED
+from mlipdd.models.base import (
+    ModelConfig,
+    ModelWrapper,
+    NeighborConfig,
+    energy_forces_stress,
+    per_system_sum,
+)
 from mlipdd.spec.kinds import OutputKind
+from mlipdd.spec.presets import SPEC_MPNN_SHARDED
 
 COULOMB = 14.399645  # e^2 / (4 pi eps0) in eV * Angstrom
 

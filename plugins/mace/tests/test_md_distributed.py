@@ -20,12 +20,13 @@ missing ghost or a lost edge is many orders of magnitude larger than that.
 from __future__ import annotations
 
 import functools
+import io
 
 import pytest
 import torch
 
 from mlipdd.distributed import DomainConfig, DomainParallel, HookScope, unwrapped_positions
-from mlipdd.dynamics import DynamicsStage, NVTLangevin, initialize_velocities
+from mlipdd.dynamics import DynamicsStage, NVTLangevin, ThermoLogger, initialize_velocities
 from mlipdd.testing import run_ranks
 from mlipdd.testing.systems import triclinic
 from mlipdd_mace.testing import random_mace_wrapper
@@ -105,8 +106,11 @@ def owner_changes(histories: list[list[torch.Tensor]]) -> int:
 
 def _distributed_run(rank, world_size):
     frames, owners = Frames(), Owners()
+    # RANK_ZERO thermo log: Langevin's conserved energy (bath ledger) on the gathered view
+    thermo = ThermoLogger(io.StringIO(), frequency=25)
     config = DomainConfig(cutoff=R_MAX, skin=SKIN)
-    with DomainParallel(langevin(), config, N_STEPS, hooks=[frames, owners]) as dp:
+    hooks = [frames, owners, (thermo, HookScope.RANK_ZERO)]
+    with DomainParallel(langevin(), config, N_STEPS, hooks=hooks) as dp:
         dp.partition(starting_system() if rank == 0 else None)
         dp.run()
         return {
@@ -115,21 +119,22 @@ def _distributed_run(rank, world_size):
             "rebuilds": dp.strategy.rebuilds,
             "grid": tuple(dp.strategy.grid.dims),
             "owned_ids": dp.batch.atom_ids.clone(),
+            "thermo": thermo.records,
         }
 
 
 @functools.cache
-def single_process_frames() -> dict:
-    frames = Frames()
+def single_process_run() -> tuple[dict, list[dict]]:
+    frames, thermo = Frames(), ThermoLogger(io.StringIO(), frequency=25)
     batch = starting_system()
-    langevin([frames]).run(batch, N_STEPS)
-    return frames.frames
+    langevin([frames, thermo]).run(batch, N_STEPS)
+    return frames.frames, thermo.records
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_langevin_trajectory_equals_one_process(world_size):
     results = run_ranks(_distributed_run, world_size, timeout=600)
-    expected = single_process_frames()
+    expected, expected_thermo = single_process_run()
     frames = results[0]["frames"]
     assert sorted(frames) == sorted(expected) == [0, 25, 50, 75, 100]
     worst = 0.0
@@ -152,5 +157,12 @@ def test_langevin_trajectory_equals_one_process(world_size):
     rebuilds = min(r["rebuilds"] for r in results)
     print(f"{world_size} ranks: {rebuilds} rebuilds, {changes} owner changes")
     assert rebuilds > 3 and changes > 0
+    # the thermo log (rank 0 only) has the single-process numbers, conserved energy included
+    assert [r["thermo"] for r in results[1:]] == [[]] * (world_size - 1)
+    logged = results[0]["thermo"]
+    assert [row["step"] for row in logged] == [row["step"] for row in expected_thermo]
+    for row, ref in zip(logged, expected_thermo):
+        for key in ("epot", "ekin", "econs", "temperature"):
+            assert abs(row[key] - ref[key]) <= 1e-10 * max(1.0, abs(ref[key])), (key, row, ref)
     ids = torch.sort(torch.cat([r["owned_ids"] for r in results])).values
     assert torch.equal(ids, torch.arange(starting_system().num_atoms)), "atoms lost or duplicated"

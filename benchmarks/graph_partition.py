@@ -27,7 +27,6 @@ import time
 import torch
 import torch.distributed as dist
 from _common import write_results
-
 from mlipdd.distributed import DistributedModel, DomainConfig
 from mlipdd.distributed.config import StrategyKind
 from mlipdd.lattices import fcc_argon
@@ -52,7 +51,8 @@ of the work split."""
 
 
 def _status_mb(key: str) -> float:
-    text = open("/proc/self/status").read()
+    with open("/proc/self/status") as f:
+        text = f.read()
     return int(re.search(rf"{key}:\s+(\d+) kB", text).group(1)) / 1024
 
 

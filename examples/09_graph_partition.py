@@ -20,7 +20,6 @@ import sys
 
 import torch
 import torch.distributed as dist
-
 from mlipdd.distributed import DistributedManager, DistributedModel, DomainConfig, DomainParallel
 from mlipdd.distributed.config import StrategyKind
 from mlipdd.dynamics import NVE, ThermoLogger

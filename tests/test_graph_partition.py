@@ -2,8 +2,7 @@
 
 import pytest
 import torch
-
-from mlipdd.data import InputError
+from mlipdd.data import Batch, InputError
 from mlipdd.distributed import DistributedModel, DomainConfig
 from mlipdd.distributed.config import StrategyKind
 from mlipdd.shard import graph_parallel as gp
@@ -13,7 +12,6 @@ from mlipdd.testing.conformance import check_conformance
 from mlipdd.testing.graph_building_model import GraphBuildingMPNN
 from mlipdd.testing.systems import _grid_system, slab, small_cell, triclinic, two_systems
 from mlipdd.testing.toy_models import ToyMPNN
-from mlipdd.data import Batch
 
 GP = {"strategy": StrategyKind.GRAPH_PARTITION}
 

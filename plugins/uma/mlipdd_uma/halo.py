@@ -1,0 +1,233 @@
+"""Halo mode: the adapters that let fairchem's eSCN-MD run on ``[owned | ghost]`` rows.
+
+Under the spatial halo strategy the model gets padded positions as a ShardTensor:
+owned atoms, then ghost copies sitting at their periodic images. Most of the backbone
+is per-node or per-edge arithmetic that the ShardTensor dispatch already handles
+(reads of node rows are local, out-of-place scatters into node rows refresh the
+ghosts, out-of-place scatters into per-system rows become local sum + all_reduce).
+What it cannot see, and what these adapters replace while a distributed forward runs:
+
+* graph construction (`eSCNMDBackbone._generate_graph`): fairchem's radius graph on
+  the padded rows with open boundaries (ghosts already are the images), keeping only
+  edges whose receiver is owned: each edge then lives on exactly one rank;
+* the edge -> node scatter of every layer (`Edgewise.forward_chunk`): fairchem
+  accumulates with an in-place ``index_add_`` whose result it does not rebind, so the
+  ghost refresh is applied here to the backend's local partial;
+* per-system sums with a dropped in-place result (`reduce_node_to_system`,
+  `balance_channels_batched`): rebinding versions, which the dispatch turns into owned
+  rows + all_reduce;
+* the virial (`compute_forces_and_stress`): every padded row, ghost copies included,
+  contributes ``g (x) x`` with its own coordinates, giving a per-rank partial stress
+  (the spec declares ``stress`` all-reduced);
+* `UMAWrapper.place_in_cell`: ghosts must stay where the strategy put them.
+
+Each replacement falls back to the original when its input is a plain tensor (one
+rank gets plain tensors), so installing them is harmless outside halo runs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mlipdd.shard import ShardTensor, halo_correct, local
+
+FUSED_BACKEND_MESSAGE = (
+    "the UMA execution backend {name} fuses the edge->node scatter into one kernel, which the "
+    "halo strategy cannot refresh ghost rows through; load the model with "
+    "execution_mode='general' (or 'umas_fast_pytorch') for halo runs, or use the graph-partition strategy"
+)
+
+
+def _is_shard(t) -> bool:
+    return isinstance(t, ShardTensor)
+
+
+# ---- graph -------------------------------------------------------------------------------
+def padded_radius_graph(backbone, pos: torch.Tensor, system: torch.Tensor, cell: torch.Tensor,
+                        n_systems: int) -> torch.Tensor:
+    """``edge_index`` (2, E) of fairchem's radius graph over padded rows, open boundaries,
+    owned receivers only (``edge_index[1] < n_owned``).
+
+    Runs on plain detached copies: the graph is integer bookkeeping, and plain tensors
+    keep sums inside fairchem's neighbour search away from the dispatch. fairchem's
+    search wants each system's atoms contiguous, which padded rows are not (ghosts come
+    grouped by source rank), so rows are sorted by system first and mapped back after.
+    """
+    from fairchem.core.graph.compute import generate_graph
+
+    from mlipdd_uma.inputs import UMAInputs
+
+    n_owned = pos.meta.n_owned
+    plain_system = local(system)
+    order = torch.argsort(plain_system, stable=True)
+    counts = torch.bincount(plain_system, minlength=n_systems)
+    no_pbc = torch.zeros((n_systems, 3), dtype=torch.bool, device=plain_system.device)
+    view = UMAInputs(
+        pos=local(pos).detach()[order],
+        cell=local(cell).detach(),
+        natoms=counts,
+        batch=plain_system[order],
+        pbc=no_pbc,
+    )
+    graph = generate_graph(
+        view,
+        cutoff=backbone.cutoff,
+        max_neighbors=backbone.max_neighbors,
+        enforce_max_neighbors_strictly=backbone.enforce_max_neighbors_strictly,
+        radius_pbc_version=backbone.radius_pbc_version,
+        pbc=no_pbc,
+    )
+    edge_index = order[local(graph["edge_index"])]
+    return edge_index[:, edge_index[1] < n_owned]
+
+
+def halo_generate_graph(original, self, data_dict):
+    """`eSCNMDBackbone._generate_graph` for padded rows (see the module docstring)."""
+    pos = data_dict["pos"]
+    if not _is_shard(pos):
+        return original(self, data_dict)
+    from fairchem.core.common import gp_utils
+    from fairchem.core.models.uma.escn_md import add_n_empty_edges
+
+    if gp_utils.initialized():
+        raise RuntimeError(
+            "fairchem graph parallelism is initialised in this process, but the halo strategy "
+            "partitions space itself; run the halo strategy without fairchem's gp_utils groups"
+        )
+    n_systems = int(data_dict["natoms"].shape[0])
+    edge_index = padded_radius_graph(self, pos, data_dict["batch"], data_dict["cell"], n_systems)
+    # edge vectors from the ShardTensor positions, so autograd reaches ghosts and owners
+    vec = pos[edge_index[0]] - pos[edge_index[1]]
+    graph = {"edge_index": edge_index, "edge_distance": torch.linalg.norm(vec, dim=-1),
+             "edge_distance_vec": vec}
+    if edge_index.shape[1] == 0:  # as fairchem does: one zero-weight self-loop (beyond cutoff)
+        add_n_empty_edges(graph, 1, self.cutoff, fake_atom_idx=0)
+    data_dict["scatter_target"] = graph["edge_index"][1]
+    return graph
+
+
+# ---- message passing ---------------------------------------------------------------------
+def halo_edgewise_chunk(original, self, x_full, x_original_shape, x_edge, edge_index, wigner,
+                        wigner_inv_envelope, scatter_target=None, ac_mole_start_idx=0):
+    """`Edgewise.forward_chunk` with the edge -> node scatter's ghost refresh applied."""
+    if not _is_shard(x_full):
+        return original(self, x_full, x_original_shape, x_edge, edge_index, wigner,
+                        wigner_inv_envelope, scatter_target, ac_mole_start_idx)
+    from fairchem.core.models.uma.escn_md_block import set_mole_ac_start_index
+
+    if getattr(self.backend, "supports_fused_edgewise", False):
+        raise RuntimeError(FUSED_BACKEND_MESSAGE.format(name=type(self.backend).__name__))
+    meta = x_full.meta
+    set_mole_ac_start_index(self, ac_mole_start_idx)
+    message = self.backend.node_to_edge_wigner_permute(x_full, edge_index, wigner)
+    message, gating = self.so2_conv_1(message, x_edge)
+    message = self.act(gating, message)
+    message = self.so2_conv_2(message)
+    # The backend rotates and accumulates in place into a fresh tensor; run it on plain
+    # tensors (receivers are owned, so ghost rows stay zero) and refresh ghosts after.
+    partial = self.backend.permute_wigner_inv_edge_to_node(
+        local(message), local(wigner_inv_envelope), local(scatter_target), x_original_shape
+    )
+    set_mole_ac_start_index(self, 0)
+    if meta.scatter_rule == "halo_correction":
+        partial = halo_correct(partial, meta.plan)
+    return ShardTensor.wrap(partial, meta)
+
+
+# ---- per-system sums -------------------------------------------------------------------
+def halo_reduce_node_to_system(original, node_values, batch, num_systems):
+    """`outputs.reduce_node_to_system`, rebinding its scatter (owned rows + all_reduce)."""
+    if not _is_shard(node_values):
+        return original(node_values, batch, num_systems)
+    flat = node_values.reshape(node_values.shape[0], -1).to(torch.float64)
+    sums = torch.zeros((num_systems, flat.shape[1]), dtype=torch.float64, device=flat.device)
+    sums = sums.index_add(0, batch, flat)
+    sums = sums.reshape((num_systems, *node_values.shape[1:]))
+    # fairchem returns (reduced, unreduced); here both are the replicated total, whose
+    # all_reduce adjoint is the identity, so every rank differentiates the same energy
+    return sums, sums
+
+
+def halo_balance_channels(original, emb, target, natoms, batch, start_idx, end_idx,
+                          target_offset=0.0):
+    """`escn_md.balance_channels_batched` with a rebinding per-system sum."""
+    if not _is_shard(emb):
+        return original(emb, target, natoms, batch, start_idx, end_idx, target_offset)
+    channels = emb[:, 0, start_idx:end_idx]
+    sums = torch.zeros((natoms.shape[0], end_idx - start_idx), dtype=emb.dtype, device=emb.device)
+    sums = sums.index_add(0, batch, channels)
+    corrections = (sums - (target - target_offset).unsqueeze(1)) / natoms.unsqueeze(1)
+    out = emb.clone()
+    out[:, 0, start_idx:end_idx] = channels - corrections[batch]
+    return out
+
+
+# ---- forces and stress -------------------------------------------------------------------
+def halo_forces_and_stress(original, energy_part, pos, cell, batch, training=True):
+    """`compute_forces_and_stress` over padded rows: forces on every padded row (the
+    strategy sends ghost rows home) and this rank's partial stress.
+
+    Virial = sum over every position copy of ``dE/dx (x) x`` plus the cell term. Ghost
+    copies carry their own coordinates (their images), so each rank sums all its padded
+    rows; the ranks' partials add up to the single-process virial.
+    """
+    if not _is_shard(pos):
+        return original(energy_part, pos, cell, batch, training)
+    grad_pos, grad_cell = torch.autograd.grad(
+        [energy_part.sum()], [pos, cell], create_graph=training, allow_unused=True
+    )
+    g, x = local(grad_pos), local(pos)
+    if grad_cell is None:  # open-boundary graph: the cell does not enter the energy
+        grad_cell = torch.zeros_like(cell)
+    n_systems = cell.shape[0]
+    per_row = (g.unsqueeze(2) * x.unsqueeze(1)).reshape(-1, 9).to(torch.float64)
+    pos_virial = torch.zeros((n_systems, 9), dtype=torch.float64, device=g.device)
+    pos_virial = pos_virial.index_add(0, local(batch), per_row).reshape(n_systems, 3, 3)
+    cell_virial = cell.mT @ local(grad_cell)
+    virial = (pos_virial + pos_virial.mT + cell_virial + cell_virial.mT) / 2
+    volume = torch.det(cell).abs().reshape(-1, 1, 1)
+    stress = (virial / volume).reshape(-1, 9)
+    return -grad_pos, stress
+
+
+def keep_positions(original, self, positions, cell, pbc, system):
+    """`UMAWrapper.place_in_cell` under halo: ghosts stay at their images (owned atoms
+    were wrapped by the strategy when it last migrated them)."""
+    if not _is_shard(positions):
+        return original(self, positions, cell, pbc, system)
+    return positions
+
+
+def _method(module: str, cls: str, method: str, replacement: str):
+    from mlipdd.spec import MethodAdapter
+
+    return MethodAdapter(module_path=module, class_name=cls, method_name=method,
+                         replacement=f"mlipdd_uma.halo:{replacement}")
+
+
+def _function(module: str, name: str, replacement: str):
+    from mlipdd.spec import PythonAdapter
+
+    return PythonAdapter(module, name, f"mlipdd_uma.halo:{replacement}", pass_original=True)
+
+
+ESCN_MD = "fairchem.core.models.uma.escn_md"
+
+
+def halo_helpers() -> tuple:
+    """The adapters installed around the distributed forward.
+
+    Written by name (nothing is imported until they are installed), so building the
+    preset at plugin discovery does not import fairchem, and a saved spec file can name
+    them (the plugin allow-lists ``mlipdd_uma``).
+    """
+    return (
+        _method(ESCN_MD, "eSCNMDBackbone", "_generate_graph", "halo_generate_graph"),
+        _method("fairchem.core.models.uma.escn_md_block", "Edgewise", "forward_chunk", "halo_edgewise_chunk"),
+        _method("mlipdd_uma.wrapper", "UMAWrapper", "place_in_cell", "keep_positions"),
+        # compute_energy looks the name up in `outputs`; the direct-stress head in `escn_md`
+        _function("fairchem.core.models.uma.outputs", "reduce_node_to_system", "halo_reduce_node_to_system"),
+        _function(ESCN_MD, "reduce_node_to_system", "halo_reduce_node_to_system"),
+        _function(ESCN_MD, "balance_channels_batched", "halo_balance_channels"),
+        _function(ESCN_MD, "compute_forces_and_stress", "halo_forces_and_stress"),
+    )

@@ -1,0 +1,53 @@
+"""The specs UMA runs under: `SPEC_UMA_HALO` (spatial halo) and a graph-partition spec.
+
+The adapters name fairchem's classes and functions by module path, so building a spec
+imports neither fairchem (seconds) nor the replacements: plugin discovery stays fast.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from mlipdd.spec import DistributionSpec, HaloStoragePolicy, MLIPSpec, OutputKind
+from mlipdd.strategy.kinds import StrategyKind
+
+UMA_OUTPUTS = {
+    "energy": OutputKind.PER_GRAPH,
+    "forces": OutputKind.PER_NODE,
+    "stress": OutputKind.PER_GRAPH,
+}
+
+
+@functools.cache
+def uma_halo_spec() -> MLIPSpec:
+    """Halo storage + the fairchem adapters of `mlipdd_uma.halo`; stress is a per-rank
+    partial (each rank's virial covers its own padded rows) and is summed at the end."""
+    from mlipdd_uma.halo import halo_helpers
+
+    return MLIPSpec(
+        distribution=DistributionSpec(HaloStoragePolicy(), third_party_helpers=halo_helpers()),
+        output_kinds=UMA_OUTPUTS,
+        all_reduce_outputs=frozenset({"stress"}),
+        name="uma_halo",
+    )
+
+
+def uma_spec(strategy=None) -> MLIPSpec:
+    """The spec for ``strategy`` (a `StrategyKind`; None means halo)."""
+    kind = StrategyKind(strategy) if strategy is not None else StrategyKind.HALO
+    if kind is StrategyKind.HALO:
+        return uma_halo_spec()
+    if kind is StrategyKind.GRAPH_PARTITION:
+        from mlipdd_uma.graph_partition import uma_graph_partition_spec
+
+        return uma_graph_partition_spec()
+    raise NotImplementedError(
+        f"UMA has no spec for the {kind.value!r} strategy; use StrategyKind.HALO or "
+        "StrategyKind.GRAPH_PARTITION"
+    )
+
+
+def __getattr__(name: str):
+    if name == "SPEC_UMA_HALO":  # module attribute built on first use
+        return uma_halo_spec()
+    raise AttributeError(name)

@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 import torch
-
 from mlipdd import Batch
 from mlipdd.distributed import DistributedManager, DomainConfig, DomainParallel, HookScope
 from mlipdd.dynamics import NVTLangevin, ThermoLogger, TrajectoryWriter, initialize_velocities

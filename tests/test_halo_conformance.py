@@ -14,7 +14,7 @@ def lj():
 
 
 def mpnn():
-    return ToyMPNN(cutoff=4.5, layers=3, species=(18,))
+    return ToyMPNN(cutoff=4.5, layers=3, species=(8, 18))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])

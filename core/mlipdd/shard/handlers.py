@@ -12,6 +12,7 @@ import torch
 
 from mlipdd.shard.exchange import all_reduce_sum, halo_correct
 from mlipdd.shard.registry import register
+from mlipdd.shard.replicated import MIXING_OPS, enter_rows, mixes_replicated_and_rows, replicated
 from mlipdd.shard.tensor import ShardMeta, ShardTensor, local, poison
 
 
@@ -141,7 +142,7 @@ def per_system_reduce(func, meta: ShardMeta, args, kwargs):
     rows = _counted_rows(meta, src.shape[0], call.name)
     base = local(call.target)
     partial = call.scatter_into(torch.zeros_like(base), index[rows], src[rows])
-    return _finish(call, base + all_reduce_sum(partial, meta.group))
+    return _finish(call, replicated(base + all_reduce_sum(partial, meta.group), meta))
 
 
 def _sum_dims(args, kwargs):
@@ -169,7 +170,7 @@ def global_sum(func, meta: ShardMeta, args, kwargs):
     rest = {k: v for k, v in kwargs.items() if k != "input"}
     with torch._C.DisableTorchFunctionSubclass():
         partial = torch.sum(x[rows], *args[1:], **rest)
-    return all_reduce_sum(partial, meta.group)
+    return replicated(all_reduce_sum(partial, meta.group), meta)
 
 
 def _is_halo_read(meta: ShardMeta, args, kwargs) -> bool:
@@ -184,3 +185,8 @@ def halo_read(func, meta: ShardMeta, args, kwargs):
     with torch._C.DisableTorchFunctionSubclass():
         out = func(*args, **kwargs)
     return ShardTensor.wrap(out, meta) if isinstance(out, torch.Tensor) else out
+
+
+# A replicated per-system value read per atom or per edge: sum its gradient over ranks
+# (NOTE [replicated gradients] in replicated.py). Ahead of the rules above.
+register(*MIXING_OPS, predicate=mixes_replicated_and_rows, name="replicated_to_rows", first=True)(enter_rows)

@@ -42,11 +42,11 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
 from mlipdd.shard.exchange import all_reduce_sum, halo_accumulate, pad
 from mlipdd.shard.handlers import SCATTER_OPS, _finish, _parse, _sum_dims, _target_rows
 from mlipdd.shard.registry import register
+from mlipdd.shard.replicated import to_rows
 from mlipdd.shard.tensor import ShardMeta, ShardTensor, local, promote
 
 __all__ = ["ShardedMeta", "routed_gather", "to_rows"]
@@ -228,27 +228,6 @@ def sharded_global_sum(func, meta: ShardedMeta, args, kwargs):
 
 
 # ---- replicated values entering per-rank rows ----------------------------------------
-class _ReplicatedToRows(torch.autograd.Function):
-    """Identity forward; backward sums the per-rank shares (NOTE [replicated gradients])."""
-
-    @staticmethod
-    def forward(ctx, value, group):
-        ctx.group = group
-        return value.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        total = grad.clone()
-        if dist.is_initialized() and dist.get_world_size(ctx.group) > 1:
-            dist.all_reduce(total, group=ctx.group)
-        return total, None
-
-
-def to_rows(value: torch.Tensor, group=None) -> torch.Tensor:
-    """A replicated value about to be used by per-rank rows (plain tensors in and out)."""
-    return _ReplicatedToRows.apply(value, group)
-
-
 def _tensors(args, kwargs):
     for a in (*args, *kwargs.values()):
         if isinstance(a, torch.Tensor):

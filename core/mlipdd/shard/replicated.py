@@ -1,0 +1,139 @@
+"""Replicated values (one per system, identical on every rank) meeting per-rank rows.
+
+# NOTE [replicated gradients]
+A per-system reduction inside the forward (the Lagrange multiplier of charge
+equilibration, a per-system mean) gives every rank the same value ``S``. Its uses are
+of two kinds. A *replicated* use (the final energy, ``S * 2``) is computed identically
+on every rank and seeded identically in the backward, so ``S``'s reduction passes the
+gradient through unchanged. A *per-rank* use (``S[batch.batch]``, ``chi - S``) feeds
+rows that only this rank holds, so each rank's backward sees only its share of
+``dE/dS``; the shares must be summed over ranks. `to_rows` is that boundary: identity
+forward, all_reduce backward. The dispatch inserts it wherever a replicated tensor
+meets atom or edge rows, so a model never writes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+
+from mlipdd.shard.tensor import ShardMeta, ShardTensor, local, promote
+
+
+class _ReplicatedToRows(torch.autograd.Function):
+    """Identity forward; backward sums the per-rank shares (NOTE [replicated gradients])."""
+
+    @staticmethod
+    def forward(ctx, value, group):
+        ctx.group = group
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        total = grad.clone()
+        if dist.is_initialized() and dist.get_world_size(ctx.group) > 1:
+            dist.all_reduce(total, group=ctx.group)
+        return total, None
+
+
+def to_rows(value: torch.Tensor, group=None) -> torch.Tensor:
+    """A replicated value about to be used by per-rank rows (plain tensors in and out)."""
+    return _ReplicatedToRows.apply(value, group)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicatedMeta(ShardMeta):
+    """Metadata of a value every rank holds whole; ``rows`` is the layout it came from.
+
+    It has no atom or edge rows, never reduces again and never halo-corrects, so every
+    halo rule declines it; the only rule that acts on it is the row boundary below.
+    """
+
+    rows: ShardMeta | None = dataclasses.field(default=None, compare=False)
+
+    @property
+    def n_padded(self) -> int:
+        return -1
+
+    def row_kind(self, rows: int) -> str:
+        return "other"
+
+
+def replicated(value: torch.Tensor, meta: ShardMeta) -> ShardTensor:
+    """Mark the result of a cross-rank reduction as replicated."""
+    if isinstance(meta, ReplicatedMeta):
+        return ShardTensor.wrap(value, meta)
+    rep = ReplicatedMeta(
+        plan=meta.plan, n_systems=meta.n_systems, n_edges=meta.n_edges, scatter_rule="local",
+        gather_rule="local", system_reductions=False, group=meta.group, rows=meta,
+    )
+    return ShardTensor.wrap(value, rep)
+
+
+def is_replicated(t) -> bool:
+    return isinstance(t, ShardTensor) and isinstance(t._meta, ReplicatedMeta)
+
+
+def _tensors(args, kwargs):
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (tuple, list)):
+            yield from (x for x in a if isinstance(x, torch.Tensor))
+
+
+def _rows_layout(args, kwargs) -> ShardMeta | None:
+    """The row layout a mixed call works in: a rows ShardTensor's, else the replicated one's source."""
+    source = None
+    for t in _tensors(args, kwargs):
+        if isinstance(t, ShardTensor):
+            if not isinstance(t._meta, ReplicatedMeta):
+                return t._meta
+            source = source or t._meta.rows
+    return source
+
+
+def mixes_replicated_and_rows(meta, args, kwargs) -> bool:
+    """A replicated tensor next to atom/edge rows (a rows ShardTensor, or a plain index or
+    operand whose length is the number of atom or edge rows)."""
+    tensors = list(_tensors(args, kwargs))
+    if not any(is_replicated(t) for t in tensors):
+        return False
+    layout = _rows_layout(args, kwargs)
+    if layout is None or isinstance(layout, ReplicatedMeta):
+        return False
+    for t in tensors:
+        if is_replicated(t):
+            continue
+        if isinstance(t, ShardTensor) or (t.dim() > 0 and layout.row_kind(t.shape[0]) != "other"):
+            return True
+    return False
+
+
+def enter_rows(func, meta, args, kwargs):
+    """Run ``func`` with every replicated input passed through `to_rows`."""
+    layout = _rows_layout(args, kwargs)
+
+    def convert(a):
+        if is_replicated(a):
+            return to_rows(local(a), layout.group)
+        if isinstance(a, (tuple, list)):
+            return type(a)(convert(x) for x in a)
+        return local(a)
+
+    args = tuple(convert(a) for a in args)
+    kwargs = {k: convert(v) for k, v in kwargs.items()}
+    with torch._C.DisableTorchFunctionSubclass():
+        out = func(*args, **kwargs)
+    return promote(out, layout)
+
+
+MIXING_OPS = (
+    torch.Tensor.__add__, torch.Tensor.__radd__, torch.Tensor.__sub__, torch.Tensor.__rsub__,
+    torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.Tensor.__truediv__, torch.Tensor.__rtruediv__,
+    torch.Tensor.add, torch.Tensor.sub, torch.Tensor.mul, torch.Tensor.div,
+    torch.add, torch.sub, torch.mul, torch.div, torch.where,
+    torch.Tensor.__getitem__, torch.Tensor.index_select, torch.index_select,
+)

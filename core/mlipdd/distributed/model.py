@@ -16,6 +16,7 @@ from torch import nn
 from mlipdd.data import Batch, InputError
 from mlipdd.distributed.config import DomainConfig, StrategyKind
 from mlipdd.shard.agreement import agree_on_errors, check_together, fail_together
+from mlipdd.shard.custom_ops import activated
 from mlipdd.spec.patching import installed
 from mlipdd.strategy import strategy_for
 
@@ -84,7 +85,8 @@ class DistributedModel(nn.Module):
             self.strategy.prepare(batch)
             model_batch, meta = self.strategy.model_batch(batch, self.spec)
             self.last_padded = model_batch
-            with installed(self.spec), _model_scope(self.strategy, meta):
+            with installed(self.spec), activated(self.spec, row_ids=model_batch.atom_ids), \
+                    _model_scope(self.strategy, meta):
                 outputs = self.model(model_batch, compute_stress=compute_stress)
             autograd_outputs = getattr(self.model.model_config, "autograd_outputs", frozenset())
             result = self.strategy.consolidate(outputs, meta, self.spec, autograd_outputs)

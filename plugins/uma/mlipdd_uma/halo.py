@@ -94,6 +94,12 @@ def halo_generate_graph(original, self, data_dict):
             "fairchem graph parallelism is initialised in this process, but the halo strategy "
             "partitions space itself; run the halo strategy without fairchem's gp_utils groups"
         )
+    if getattr(self, "num_experts", 0) and getattr(self, "use_composition_embedding", False):
+        raise NotImplementedError(
+            "this UMA backbone routes its mixture of experts by each system's composition, which "
+            "the halo adapters do not reduce across ranks yet (a rank would route by its owned + "
+            "ghost atoms); run it with StrategyKind.GRAPH_PARTITION, which sees the whole system"
+        )
     n_systems = int(data_dict["natoms"].shape[0])
     edge_index = padded_radius_graph(self, pos, data_dict["batch"], data_dict["cell"], n_systems)
     # edge vectors from the ShardTensor positions, so autograd reaches ghosts and owners

@@ -191,6 +191,8 @@ class UMAWrapper(ModelWrapper):
         }
         if compute_stress:
             result["stress"] = found["stress"].reshape(n_systems, 3, 3).to(dtype)
+        if not self.training:  # inference: do not keep the forward's graph alive in the outputs
+            result = {k: v.detach() for k, v in result.items()}
         return result
 
     @staticmethod

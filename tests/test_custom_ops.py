@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from mlipdd.data import Batch
 from mlipdd.models import ModelConfig, ModelWrapper, NeighborConfig
 from mlipdd.shard import FIRED, ExchangePlan, ShardMeta, ShardTensor
 from mlipdd.shard.custom_ops import activated
-from mlipdd.spec import DistributionSpec, HaloStoragePolicy, MLIPSpec, OpAdapter, SPEC_MPNN_HALO
+from mlipdd.spec import SPEC_MPNN_HALO, DistributionSpec, HaloStoragePolicy, MLIPSpec, OpAdapter
 from mlipdd.spec.transforms import (
     AllReduceSum,
     GatherInputs,
@@ -348,6 +347,6 @@ def test_wrong_rows_name_the_op_position_and_fix():
 def test_an_unregistered_op_name_fails_at_activation():
     from mlipdd.spec.errors import SpecError
 
-    with pytest.raises(SpecError, match="mlipdd_test::no_such_op is not registered"):
-        with activated([OpAdapter(op="mlipdd_test::no_such_op")]):
-            pass
+    adapter = OpAdapter(op="mlipdd_test::no_such_op")
+    with pytest.raises(SpecError, match="mlipdd_test::no_such_op is not registered"), activated([adapter]):
+        pass

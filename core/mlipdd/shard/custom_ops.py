@@ -38,10 +38,11 @@ formula) and the exchanges alike.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -276,7 +277,7 @@ def _transform_output(transform: Any, value: Any, meta: ShardMeta, active: _Acti
         return ShardTensor.wrap(halo_correct(local(value), meta.plan), meta)
     if isinstance(transform, AllReduceSum):
         if not isinstance(value, torch.Tensor):
-            raise RuntimeError(f"{what} has AllReduceSum() but is {type(value).__name__}, not a tensor")
+            raise TypeError(f"{what} has AllReduceSum() but is {type(value).__name__}, not a tensor")
         # replicated: a later per-atom use sums its gradient over ranks (see `replicated`)
         return replicated(all_reduce_sum(local(value), meta.group), meta)
     if isinstance(transform, SliceOutputsOwned):

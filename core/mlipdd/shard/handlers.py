@@ -170,7 +170,12 @@ def global_sum(func, meta: ShardMeta, args, kwargs):
     rest = {k: v for k, v in kwargs.items() if k != "input"}
     with torch._C.DisableTorchFunctionSubclass():
         partial = torch.sum(x[rows], *args[1:], **rest)
-    return replicated(all_reduce_sum(partial, meta.group), meta)
+    # NOTE [global sums stay plain]: unlike a per-system reduction, a whole-tensor sum is
+    # mostly bookkeeping in real models (mace adds ``positions.sum() * 0`` to its strain to
+    # keep the graph connected); marking it replicated would route the strain's gradient
+    # through `to_rows` and sum the virial twice. A plain replicated value is the right
+    # answer for every use we know of.
+    return all_reduce_sum(partial, meta.group)
 
 
 def _is_halo_read(meta: ShardMeta, args, kwargs) -> bool:

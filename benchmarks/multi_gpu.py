@@ -65,7 +65,7 @@ def _gather_owned(owned, forces):
 def conformance(args, mgr):
     import functools
 
-    from mlipdd.distributed import DistributedModel, DomainConfig
+    from mlipdd.distributed import DistributedModel, DomainConfig, StrategyKind
     from mlipdd.models.lj import LennardJones
     from mlipdd.testing.systems import small_cell, triclinic
     from mlipdd_mace.testing import random_mace_wrapper
@@ -80,10 +80,25 @@ def conformance(args, mgr):
                                                   dtype=torch.float32, seed=0),
          triclinic(species=(1, 6, 8), spacing=2.5, reps=8)),
     ]
-    for name, dtype, factory, system in cases:
+    if args.uma:
+        from mlipdd_uma.testing import random_uma_wrapper
+
+        uma = triclinic(species=(1, 6, 8), spacing=2.5, reps=6)
+        from mlipdd.testing.graph_building_model import GraphBuildingMPNN
+        from mlipdd.testing.qeq_model import QEqModel
+
+        cases = [(f"uma_{kind.value}", torch.float32, random_uma_wrapper, uma, kind)
+                 for kind in (StrategyKind.HALO, StrategyKind.GRAPH_PARTITION)]
+        cases += [  # the other two strategies, on NCCL
+            ("qeq_sharded", torch.float64, functools.partial(QEqModel, cutoff=4.5, species=(1, 8)),
+             triclinic(species=(1, 8), spacing=3.0, reps=6), StrategyKind.SHARDED),
+            ("graph_building_gp", torch.float64, GraphBuildingMPNN, triclinic(reps=6), StrategyKind.GRAPH_PARTITION),
+        ]
+    for name, dtype, factory, system, *kind in cases:
+        kind = kind[0] if kind else StrategyKind.HALO
         system = system.to(dtype=dtype)
         model = factory().to(mgr.device)
-        dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff))
+        dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, strategy=kind))
         owned = dm.partition(system if mgr.rank == 0 else None, device=mgr.device)
         out = dm(owned, compute_stress=True)
         forces = _gather_owned(owned, out["forces"])
@@ -99,19 +114,27 @@ def conformance(args, mgr):
 
 
 def timing(args, mgr):
-    from mlipdd.distributed import DistributedModel, DomainConfig
+    from mlipdd.distributed import DistributedModel, DomainConfig, StrategyKind
     from mlipdd.lattices import silicon_diamond
     from mlipdd_mace import MACEWrapper
     from mlipdd_mace.testing import mace_medium_config, random_mace
 
-    cfg = mace_medium_config()
-    raw = random_mace(elements=(14,), r_max=cfg["r_max"], num_interactions=cfg["num_interactions"],
-                      hidden_irreps=cfg["hidden_irreps"], max_ell=cfg["max_ell"],
-                      correlation=cfg["correlation"], dtype=torch.float32, seed=0)
-    model = MACEWrapper(raw.to(mgr.device)).eval()
+    if args.uma:
+        from mlipdd_uma.testing import random_uma_wrapper, uma_bench_config
+
+        model = random_uma_wrapper(uma_bench_config()).to(mgr.device).eval()
+        label = f"uma_bench_f32_{args.strategy}"
+    else:
+        cfg = mace_medium_config()
+        raw = random_mace(elements=(14,), r_max=cfg["r_max"], num_interactions=cfg["num_interactions"],
+                          hidden_irreps=cfg["hidden_irreps"], max_ell=cfg["max_ell"],
+                          correlation=cfg["correlation"], dtype=torch.float32, seed=0)
+        model = MACEWrapper(raw.to(mgr.device)).eval()
+        label = "mace_medium_f32"
     reps = max(1, round((args.atoms / 8) ** (1 / 3)))
     full = silicon_diamond(reps, dtype=torch.float32) if mgr.rank == 0 else None
-    dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=0.5))
+    dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=0.5,
+                                              strategy=StrategyKind(args.strategy)))
     owned = dm.partition(full, device=mgr.device)
     torch.cuda.reset_peak_memory_stats()
     times, status = [], "ok"  # status stays ok: an OOM returns early below
@@ -126,7 +149,7 @@ def timing(args, mgr):
             times.append(time.perf_counter() - t)
     except torch.OutOfMemoryError:
         # every rank stopped together (mlipdd tears the group down); report and leave
-        _emit({"task": "time", "tag": args.tag, "model": "mace_medium_f32", "atoms": args.atoms,
+        _emit({"task": "time", "tag": args.tag, "model": label, "atoms": args.atoms,
                "gpus": mgr.world_size, "step_s": None, "atom_steps_per_s": None,
                "peak_GiB_per_gpu": None, "status": "out of memory"})
         return
@@ -135,7 +158,7 @@ def timing(args, mgr):
     n_atoms = torch.tensor([owned.num_atoms], device=mgr.device)
     dist.all_reduce(n_atoms)
     step = statistics.median(times) if times else float("nan")
-    _emit({"task": "time", "tag": args.tag, "model": "mace_medium_f32", "atoms": int(n_atoms), "gpus": mgr.world_size,
+    _emit({"task": "time", "tag": args.tag, "model": label, "atoms": int(n_atoms), "gpus": mgr.world_size,
            "step_s": step, "atom_steps_per_s": int(n_atoms) / step if times else None,
            "peak_GiB_per_gpu": float(peak), "status": status})
 
@@ -146,21 +169,22 @@ def report(args):
 
     conf = [r for r in rows if r["task"] == "conformance"]
     timed = [r for r in rows if r["task"] == "time"]
-    base = {r["atoms"]: r["step_s"] for r in timed if r["gpus"] == 1 and r["status"] == "ok"}
-    per_gpu = {r["gpus"]: r for r in timed if r["status"] == "ok" and r["tag"] in ("strong", "weak")}
+    base = {(r["model"], r["atoms"]): r["step_s"] for r in timed if r["gpus"] == 1 and r["status"] == "ok"}
+    per_gpu = {r["gpus"]: r for r in timed
+               if r["status"] == "ok" and r["tag"] in ("strong", "weak") and r["model"] == "mace_medium_f32"}
     for r in timed:
         if r["status"] != "ok":
             continue
-        if r["tag"] == "strong" and r["atoms"] in base:
-            r["speedup"] = base[r["atoms"]] / r["step_s"]
+        if r["tag"] == "strong" and (r["model"], r["atoms"]) in base:
+            r["speedup"] = base[(r["model"], r["atoms"])] / r["step_s"]
             r["efficiency"] = r["speedup"] / r["gpus"]
         if r["tag"] == "weak" and 1 in per_gpu:  # weak: same atoms per GPU, ideal is a flat step time
             r["efficiency"] = per_gpu[1]["step_s"] / r["step_s"]
     text = ["# Multi-GPU runs (NCCL, one rank per H200)", "", args.machine, "",
             "## Conformance vs one GPU", "",
             markdown_table(conf, ["model", "dtype", "atoms", "gpus", "energy_rel", "forces_rel", "stress_rel"]),
-            "## Scaling (MACE medium, random weights, float32, diamond Si)", "",
-            markdown_table(timed, ["tag", "atoms", "gpus", "step_s", "atom_steps_per_s", "speedup", "efficiency",
+            "## Scaling (random weights, float32, diamond Si; MACE medium and UMA-like eSCN-MD)", "",
+            markdown_table(timed, ["tag", "model", "atoms", "gpus", "step_s", "atom_steps_per_s", "speedup", "efficiency",
                                    "peak_GiB_per_gpu", "status"])]
     (HERE / "results" / "multi_gpu.md").write_text("\n".join(text) + "\n")
     print("\n".join(text))
@@ -171,12 +195,13 @@ def report(args):
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(5, 3.5))
-        for tag in sorted({r["tag"] for r in timed}):
-            pts = sorted((r["gpus"], r["atom_steps_per_s"]) for r in timed if r["tag"] == tag and r["status"] == "ok")
-            if tag == "weak" and 1 in per_gpu:  # the 1-GPU point of weak scaling is the 27k strong run
-                pts = [(1, per_gpu[1]["atom_steps_per_s"]), *pts]
+        for tag, model in sorted({(r["tag"], r["model"]) for r in timed}):
+            pts = sorted((r["gpus"], r["atom_steps_per_s"]) for r in timed
+                         if (r["tag"], r["model"]) == (tag, model) and r["status"] == "ok")
+            if tag == "weak" and 1 in per_gpu and model == "mace_medium_f32":
+                pts = [(1, per_gpu[1]["atom_steps_per_s"]), *pts]  # the 27k strong run
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=tag)
+                ax.plot(*zip(*pts), marker="o", label=f"{model} {tag}")
         ax.set_xlabel("GPUs")
         ax.set_ylabel("atom-steps / s")
         ax.legend()
@@ -193,6 +218,8 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--tag", default="strong")
     p.add_argument("--machine", default="")
+    p.add_argument("--uma", action="store_true", help="UMA (random eSCN-MD) instead of MACE")
+    p.add_argument("--strategy", default="halo", choices=["halo", "graph_partition"])
     args = p.parse_args()
     if args.task == "report":
         return report(args)

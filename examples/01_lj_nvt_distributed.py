@@ -39,7 +39,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     with DistributedManager() as manager:  # joins torchrun's group, or a 1-rank group
-        model = LennardJones(epsilon=0.0104, sigma=3.4, cutoff=8.5)
+        model = LennardJones(epsilon=0.0104, sigma=3.4, cutoff=8.5).to(manager.device)
         dynamics = NVTLangevin(model, dt=5.0, temperature=94.0, friction=0.01, seed=1)
         hooks = [
             ThermoLogger(sys.stdout, frequency=20),  # LOCAL: reduced numbers, printed by rank 0

@@ -75,7 +75,7 @@ class DistributedModel(nn.Module):
         on ``device`` (default: where the model's parameters live)."""
         if device is None:
             tensor = next(iter([*self.model.parameters(), *self.model.buffers()]), None)
-            device = tensor.device if tensor is not None else None
+            device = tensor.device if tensor is not None else _group_device(self.group)
         with fail_together(self.group):
             return self.strategy.partition(full, device)
 
@@ -99,6 +99,15 @@ def _model_scope(strategy, meta):
     its node partition there); a no-op for strategies without one."""
     scope = getattr(strategy, "model_scope", None)
     return scope(meta) if scope is not None else contextlib.nullcontext()
+
+
+def _group_device(group):
+    """NCCL ranks compute on their current GPU; otherwise leave the data where it is."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
 
 
 def _check_positions(batch: Batch) -> None:

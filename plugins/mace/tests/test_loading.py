@@ -7,13 +7,12 @@ import urllib.error
 import pytest
 import torch
 from ase import Atoms
+from mace_structures import STRUCTURES
 
 from mlipdd.data import Batch, InputError
 from mlipdd_mace import foundation
 from mlipdd_mace.testing import random_mace
 from mlipdd_mace.wrapper import MACEWrapper
-
-from conftest import STRUCTURES
 
 
 def test_save_then_from_file_round_trip(mace_model, tmp_path):

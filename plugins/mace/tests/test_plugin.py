@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from mace_structures import STRUCTURES
 
 from mlipdd.data import Batch
 from mlipdd_mace import plugin
 from mlipdd_mace.spec import mpnn_halo_preset
 from mlipdd_mace.wrapper import MACEWrapper, is_mace_model
-
-from conftest import STRUCTURES
 
 
 def _collect(hook) -> dict:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from mace_structures import STRUCTURES, mace_reference
 
 from mlipdd.data import Batch
 from mlipdd.neighbors import build_neighbor_list
 from mlipdd_mace.testing import random_mace
 from mlipdd_mace.wrapper import MACEWrapper
-
-from conftest import STRUCTURES, mace_reference
 
 TOL = 1e-10
 

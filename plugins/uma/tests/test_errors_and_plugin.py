@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import triclinic_cell
-
 from mlipdd_uma.testing import random_uma
 from mlipdd_uma.versions import UnsupportedFairchemError, require_fairchem
 from mlipdd_uma.wrapper import UMAWrapper
+from uma_systems import triclinic_cell
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +70,6 @@ def test_plugin_registers_model_and_preset(model):
 
 def test_specs_per_strategy_and_adapters_restore(model):
     from fairchem.core.models.uma.escn_md import eSCNMDBackbone
-
     from mlipdd.spec import installed
     from mlipdd.strategy.kinds import StrategyKind
 

@@ -14,7 +14,6 @@ import pytest
 import torch
 from ase import Atoms
 from ase.build import bulk
-
 from mlipdd.data import AtomicData as MAtomicData
 from mlipdd.data import Batch
 from mlipdd_uma.testing import random_uma

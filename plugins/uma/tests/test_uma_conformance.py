@@ -18,11 +18,10 @@ import os
 
 import pytest
 import torch
-from conftest import SYSTEMS
-
 from mlipdd.testing import check_conformance
 from mlipdd.testing.conformance import relative_difference
 from mlipdd_uma.testing import random_uma_wrapper
+from uma_systems import SYSTEMS
 
 WORLD_SIZES = tuple(int(n) for n in os.environ.get("MLIPDD_UMA_RANKS", "2,3,4").split(","))
 FACTORY = functools.partial(random_uma_wrapper, seed=0, task="omat")

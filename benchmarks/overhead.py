@@ -10,6 +10,7 @@ dispatch, consolidation).
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
 from _common import median_time, write_results
@@ -30,10 +31,14 @@ def measure(name: str, atoms: int, repeats: int, device: str, dtype) -> dict:
     model = MODELS[name](dtype).to(device=device, dtype=dtype)
     attach_neighbors(batch, model.cutoff)
     sync = torch.cuda.synchronize if device.startswith("cuda") else None
-    bare = median_time(lambda: model(batch), repeats, sync=sync)
     dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=0.0))
     owned = dm.partition(batch)
-    dist_time = median_time(lambda: dm(owned), repeats, sync=sync)
+    # Interleaved (bare, dd, bare, dd, ...) so that drift of a shared machine hits both alike.
+    bare_times, dd_times = [], []
+    for _ in range(repeats):
+        bare_times.append(median_time(lambda: model(batch), 1, warmup=1, sync=sync))
+        dd_times.append(median_time(lambda: dm(owned), 1, warmup=1, sync=sync))
+    bare, dist_time = statistics.median(bare_times), statistics.median(dd_times)
     return {"model": name, "atoms": batch.num_atoms, "device": device, "bare_ms": bare * 1e3,
             "dd_1rank_ms": dist_time * 1e3, "ratio": dist_time / bare}
 

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from mlipdd.data import Batch, InputError
-from mlipdd.shard import ExchangePlan, ShardMeta, all_reduce_sum, local
+from mlipdd.shard import ExchangePlan, ShardMeta, local
 from mlipdd.shard.agreement import agree_on_errors, check_together
 from mlipdd.shard.graph_parallel import (
     NodePartition,
@@ -48,6 +48,7 @@ from mlipdd.shard.graph_parallel import (
 )
 from mlipdd.strategy.grid import RankGrid
 from mlipdd.strategy.kinds import StrategyKind
+from mlipdd.strategy.outputs import consolidate_outputs
 
 # Per-atom fields that change during a run and are no model input: not replicated.
 _DYNAMIC_FIELDS = ("positions", "velocities", "forces", "image")
@@ -158,21 +159,15 @@ class GraphPartitionStrategy:
         scope: PartitionScope = meta.notes["scope"]
         agree_on_errors(None if scope.used else _unaware_model_error(), self.group)
         p = scope.partition
-        result = {}
-        for name, value in outputs.items():
-            if not torch.is_tensor(value):
-                result[name] = value
-                continue
-            value = local(value).detach()
-            if name in spec.all_reduce_outputs:
-                value = all_reduce_sum(value, self.group)
-            elif value.dim() > 0 and value.shape[0] == p.n_nodes and name in autograd_outputs \
-                    and name not in spec.owned_only_outputs:
-                value = reduce_scatter_rows(value, p)  # this rank's partial of every row
-            elif value.dim() > 0 and value.shape[0] == p.n_nodes and p.n_owned != p.n_nodes:
-                value = value[p.owned_slice]  # replicated per-atom values
-            result[name] = value  # owned rows already, or per system and replicated
-        return result
+
+        def per_atom(name, value):
+            if value.dim() == 0 or value.shape[0] != p.n_nodes:
+                return value  # per system: summed by the model, replicated
+            if name in autograd_outputs and name not in spec.owned_only_outputs:
+                return reduce_scatter_rows(value, p)  # this rank's partial of every row
+            return value[p.owned_slice] if p.n_owned != p.n_nodes else value
+
+        return consolidate_outputs(outputs, spec, self.group, per_atom)
 
     # ---- checks -------------------------------------------------------------------------
     def _check_owned(self, batch: Batch) -> None:

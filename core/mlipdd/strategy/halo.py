@@ -24,11 +24,12 @@ import torch.distributed as dist
 
 from mlipdd.data import Batch, InputError, fractional
 from mlipdd.neighbors import NeighborList, build_neighbor_list
-from mlipdd.shard import ShardMeta, ShardTensor, all_reduce_sum, halo_accumulate, local
+from mlipdd.shard import ShardMeta, ShardTensor, halo_accumulate
 from mlipdd.shard.agreement import agree_on_errors, any_rank, check_together
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows, pad
 from mlipdd.strategy.grid import RankGrid, check_grid, choose_grid, halo_targets, plane_spacings
 from mlipdd.strategy.kinds import StrategyKind
+from mlipdd.strategy.outputs import consolidate_outputs
 
 
 @dataclass
@@ -125,21 +126,16 @@ class HaloStrategy:
 
     def consolidate(self, outputs: dict, meta: ShardMeta, spec, autograd_outputs) -> dict:
         """Per output: partial sums all-reduced, per-atom rows back to owned rows."""
-        result = {}
-        for name, value in outputs.items():
-            if not torch.is_tensor(value):
-                result[name] = value
-                continue
-            value = local(value).detach()
-            if name in spec.all_reduce_outputs:
-                value = all_reduce_sum(value, self.group)
-            elif value.dim() > 0 and value.shape[0] == meta.n_padded:
-                # per-atom: derivatives hold partials on ghost rows, values hold mirrors
-                if name in autograd_outputs and name not in spec.owned_only_outputs:
-                    value = halo_accumulate(value, meta.plan)
-                value = value[: meta.n_owned]
-            result[name] = value
-        return result
+
+        def per_atom(name, value):
+            if value.dim() == 0 or value.shape[0] != meta.n_padded:
+                return value  # per system: replicated already
+            # derivatives hold partials on ghost rows, values hold mirrors
+            if name in autograd_outputs and name not in spec.owned_only_outputs:
+                value = halo_accumulate(value, meta.plan)
+            return value[: meta.n_owned]
+
+        return consolidate_outputs(outputs, spec, self.group, per_atom)
 
     # ---- ownership ------------------------------------------------------------------
     def owners(self, batch: Batch) -> torch.Tensor:

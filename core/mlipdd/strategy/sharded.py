@@ -26,12 +26,13 @@ import torch
 
 from mlipdd.data import Batch, InputError
 from mlipdd.neighbors import NeighborList
-from mlipdd.shard import ShardTensor, all_reduce_sum, local
+from mlipdd.shard import ShardTensor
 from mlipdd.shard.agreement import check_together
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows
 from mlipdd.shard.sharded_handlers import ShardedMeta
 from mlipdd.strategy.halo import HaloState, HaloStrategy, _exchange_counts
 from mlipdd.strategy.kinds import StrategyKind
+from mlipdd.strategy.outputs import consolidate_outputs
 
 
 @dataclass
@@ -96,16 +97,7 @@ class ShardedStrategy(HaloStrategy):
     def consolidate(self, outputs: dict, meta: ShardedMeta, spec, autograd_outputs) -> dict:
         """Per-atom outputs are owned rows already (gradients reached their owners in the
         routed gathers' backward); rank partials named by the spec are summed."""
-        result = {}
-        for name, value in outputs.items():
-            if not torch.is_tensor(value):
-                result[name] = value
-                continue
-            value = local(value).detach()
-            if name in spec.all_reduce_outputs:
-                value = all_reduce_sum(value, self.group)
-            result[name] = value
-        return result
+        return consolidate_outputs(outputs, spec, self.group)
 
     def stored_rows(self) -> dict[str, int]:
         """Rows of one per-atom tensor on this rank, sharded vs halo storage."""

@@ -3,13 +3,15 @@
     python examples/02_lj_fire_then_npt.py
     python examples/02_lj_fire_then_npt.py --size 4 --temperature 60 --pressure 1000
 
-Single process for now. Both stages are ordinary integrators on one `Batch`: FIRE2
+    torchrun --nproc_per_node 2 examples/02_lj_fire_then_npt.py
+
+Both stages are ordinary integrators, each wrapped in `DomainParallel`: FIRE2
 minimises until every force is below ``--fmax`` (its convergence test is a reduced
 maximum, so all ranks would stop together), then velocities are drawn and NPT (the
 isotropic MTK barostat with Nosé-Hoover chains) lets the cell find the volume that
 holds ``--pressure`` bar at ``--temperature`` K. Every global quantity both
-integrators use goes through ``dynamics.reduce``, so the only change domain
-decomposition needs is in `drive` below (marked).
+integrators use goes through ``dynamics.reduce``, which `DomainParallel` replaces by
+the cross-rank reducer (see `drive`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 import numpy as np
 import torch
 from mlipdd.data import Batch
+from mlipdd.distributed import DistributedManager, DomainConfig, DomainParallel, HookScope
 from mlipdd.dynamics import FIRE2, NPT, DynamicsStage, ThermoLogger, initialize_velocities
 from mlipdd.dynamics.base import BaseDynamics
 from mlipdd.lattices import fcc_argon
@@ -28,26 +31,24 @@ from mlipdd.models.lj import LennardJones
 ARGON = {"epsilon": 0.0104, "sigma": 3.4, "cutoff": 8.5}
 
 
-def drive(dynamics: BaseDynamics, batch: Batch, n_steps: int) -> Batch:
-    """Run one stage; returns the (full) system afterwards."""
-    # ==== DOMAIN DECOMPOSITION GOES HERE =================================================
-    # Single process: the integrator sees the whole batch. Under torchrun this becomes a
-    # DomainParallel around `dynamics` (it installs the distributed reducer and model and
-    # rebuilds halos when NPT changes the cell), roughly:
-    #     with DomainParallel(dynamics, DomainConfig(cutoff=..., skin=0.5)) as dp:
-    #         dp.partition(batch if rank == 0 else None)
-    #         dp.run(n_steps)
-    #         batch = dp.gather()          # full system on rank 0, None elsewhere
-    # The hooks below then need their scopes (the samplers are collective: LOCAL).
-    dynamics.run(batch, n_steps)
-    return batch
-    # ======================================================================================
+def drive(dynamics: BaseDynamics, batch: Batch | None, n_steps: int) -> Batch | None:
+    """Run one stage on every rank; returns the full system on rank 0 (None elsewhere).
+
+    `DomainParallel` installs the distributed model and the cross-rank reducer into the
+    unchanged integrator, migrates atoms and rebuilds halos when NPT changes the cell.
+    """
+    config = DomainConfig(cutoff=ARGON["cutoff"], skin=0.5)
+    with DomainParallel(dynamics, config, n_steps) as dp:
+        dp.partition(batch)
+        dp.run()
+        return dp.gather()
 
 
 class Sampler:
     """Pressure, volume and conserved energy every ``frequency`` steps (reduced numbers)."""
 
     stage = DynamicsStage.AFTER_STEP
+    scope = HookScope.LOCAL  # the integrator's pressure() is collective: every rank calls it
 
     def __init__(self, frequency: int = 10):
         self.frequency = frequency
@@ -77,41 +78,44 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    model = LennardJones(**ARGON)
-    batch = rattled_crystal(args.size, args.rattle, args.seed)
+    with DistributedManager() as manager:
+        root = manager.rank == 0
+        model = LennardJones(**ARGON).to(manager.device)
+        batch = rattled_crystal(args.size, args.rattle, args.seed) if root else None
 
-    relax = FIRE2(model, dt=2.0, fmax=args.fmax)
-    batch = drive(relax, batch, n_steps=2000)
-    print(
-        f"FIRE2: {'converged' if relax.converged() else 'NOT converged'} after "
-        f"{relax.step_count} steps, max force {float(relax.max_force[0]):.2e} eV/A, "
-        f"energy {float(batch.energy[0]):.6f} eV",
-        flush=True,
-    )
+        relax = FIRE2(model, dt=2.0, fmax=args.fmax)
+        batch = drive(relax, batch, n_steps=2000)
+        if root:
+            print(
+                f"FIRE2 on {manager.world_size} rank(s): "
+                f"{'converged' if relax.converged() else 'NOT converged'} after "
+                f"{relax.step_count} steps, max force {float(relax.max_force[0]):.2e} eV/A, "
+                f"energy {float(relax.batch.energy[0]):.6f} eV",
+                flush=True,
+            )
+            initialize_velocities(batch, args.temperature, seed=args.seed)
+        sampler = Sampler(frequency=10)
+        npt = NPT(
+            model,
+            dt=5.0,
+            temperature=args.temperature,
+            pressure=args.pressure,
+            tdamp=100.0,
+            pdamp=500.0,
+            hooks=[ThermoLogger(sys.stdout, frequency=100), sampler],
+        )
+        batch = drive(npt, batch, n_steps=args.steps)
 
-    initialize_velocities(batch, args.temperature, seed=args.seed)
-    sampler = Sampler(frequency=10)
-    npt = NPT(
-        model,
-        dt=5.0,
-        temperature=args.temperature,
-        pressure=args.pressure,
-        tdamp=100.0,
-        pdamp=500.0,
-        hooks=[ThermoLogger(sys.stdout, frequency=100), sampler],
-    )
-    batch = drive(npt, batch, n_steps=args.steps)
-
-    pressure, volume, econs = np.array(sampler.rows).T
-    half = len(pressure) // 2
-    print(
-        f"NPT, second half: pressure {pressure[half:].mean():.0f} +- "
-        f"{pressure[half:].std():.0f} bar (target {args.pressure:g}), volume "
-        f"{volume[half:].mean():.1f} A^3 (started at {volume[0]:.1f}), conserved energy "
-        f"drift {np.ptp(econs) / batch.num_atoms:.1e} eV/atom",
-        flush=True,
-    )
-
+        if root:
+            pressure, volume, econs = np.array(sampler.rows).T
+            half = len(pressure) // 2
+            print(
+                f"NPT, second half: pressure {pressure[half:].mean():.0f} +- "
+                f"{pressure[half:].std():.0f} bar (target {args.pressure:g}), volume "
+                f"{volume[half:].mean():.1f} A^3 (started at {volume[0]:.1f}), conserved energy "
+                f"drift {np.ptp(econs) / batch.num_atoms:.1e} eV/atom",
+                flush=True,
+            )
 
 if __name__ == "__main__":
     main()

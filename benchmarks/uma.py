@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from _common import write_results
-
 from mlipdd.testing import run_ranks
 
 SPECIES = (1, 6, 8)

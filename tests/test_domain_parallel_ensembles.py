@@ -12,7 +12,6 @@ from mlipdd.distributed import DomainConfig, DomainParallel
 from mlipdd.dynamics import FIRE, NPT, NoseHoover
 from mlipdd.lattices import fcc_argon
 from mlipdd.testing import run_ranks
-
 from test_domain_parallel import CUTOFF, HOT, Snapshots, assert_same_frames, hot_liquid, lj
 
 

@@ -9,8 +9,9 @@ atom to its system and ``batch.ptr`` holds the system boundaries.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -143,7 +144,7 @@ class Batch:
 
     # ---- construction -----------------------------------------------------------------
     @classmethod
-    def from_data_list(cls, data_list: Sequence["Batch"], device=None) -> "Batch":
+    def from_data_list(cls, data_list: Sequence[Batch], device=None) -> Batch:
         """Concatenate systems (each an `AtomicData` or `Batch`) into one batch."""
         if not data_list:
             raise InputError("from_data_list got an empty list; pass at least one system")
@@ -168,7 +169,7 @@ class Batch:
         out = cls(node, system)  # fresh global ids 0..N-1 in batch order
         return out.to(device) if device is not None else out
 
-    def to_data_list(self) -> list["AtomicData"]:
+    def to_data_list(self) -> list[AtomicData]:
         out = []
         for s in range(self.num_systems):
             mask = self.node["batch"] == s
@@ -177,12 +178,12 @@ class Batch:
             out.append(AtomicData._from_dicts(node, system))
         return out
 
-    def select_atoms(self, index: torch.Tensor) -> "Batch":
+    def select_atoms(self, index: torch.Tensor) -> Batch:
         """A batch holding the atoms ``index`` (mask or indices); all systems are kept."""
         node = {k: v[index] for k, v in self.node.items()}
         return Batch(node, dict(self.system))
 
-    def to(self, device=None, dtype=None) -> "Batch":
+    def to(self, device=None, dtype=None) -> Batch:
         def move(k, v):
             if not torch.is_tensor(v):
                 return v
@@ -194,7 +195,7 @@ class Batch:
         system = {k: move(k, v) for k, v in self.system.items()}
         return type(self)._from_dicts(node, system)
 
-    def clone(self) -> "Batch":
+    def clone(self) -> Batch:
         return type(self)._from_dicts(
             {k: v.clone() for k, v in self.node.items()},
             {k: v.clone() for k, v in self.system.items()},
@@ -213,13 +214,13 @@ class Batch:
 
     # ---- ASE ----------------------------------------------------------------------------
     @classmethod
-    def from_ase(cls, atoms, dtype=torch.float64, device=None) -> "Batch":
+    def from_ase(cls, atoms, dtype=torch.float64, device=None) -> Batch:
         """From one ASE `Atoms` or a list of them."""
         items = [atoms] if not isinstance(atoms, (list, tuple)) else list(atoms)
         return cls.from_data_list([AtomicData.from_ase(a, dtype, device) for a in items])
 
     @classmethod
-    def read(cls, path: str | Path, index=":", dtype=torch.float64, device=None) -> "Batch":
+    def read(cls, path: str | Path, index=":", dtype=torch.float64, device=None) -> Batch:
         """Any file ASE reads (extxyz, POSCAR, CIF, trajectory, ...)."""
         import ase.io
 
@@ -230,7 +231,7 @@ class Batch:
         return [d.to_ase() for d in self.to_data_list()]
 
     # ---- validation ---------------------------------------------------------------------
-    def validate(self, require: Iterable[str] = ()) -> "Batch":
+    def validate(self, require: Iterable[str] = ()) -> Batch:
         """Raise `InputError` naming the problem and the fix; returns self."""
         validate_batch(self, require)
         return self
@@ -282,7 +283,7 @@ class AtomicData(Batch):
         super().__init__(node, system)
 
     @classmethod
-    def from_ase(cls, atoms, dtype=torch.float64, device=None) -> "AtomicData":
+    def from_ase(cls, atoms, dtype=torch.float64, device=None) -> AtomicData:
         d = cls(
             positions=torch.as_tensor(atoms.get_positions(), dtype=dtype),
             atomic_numbers=atoms.get_atomic_numbers(),

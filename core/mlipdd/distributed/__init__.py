@@ -1,10 +1,5 @@
 """The distributed runtime: process groups, configuration, DistributedModel."""
 
-from mlipdd.distributed.config import DomainConfig, StrategyKind
-from mlipdd.shard.agreement import DistributedInputError, RemoteRankError
-from mlipdd.distributed.manager import DistributedManager
-from mlipdd.distributed.model import DistributedModel
-from mlipdd.distributed.pipeline import DistributedPipelineModel
 from mlipdd.distributed.checkpoint import (
     Checkpoint,
     CheckpointWriter,
@@ -12,24 +7,28 @@ from mlipdd.distributed.checkpoint import (
     restore_dynamics,
     save_checkpoint,
 )
+from mlipdd.distributed.config import DomainConfig, StrategyKind
 from mlipdd.distributed.domain_parallel import DomainParallel
 from mlipdd.distributed.hooks import HookScope, gather_batch, unwrapped_positions
+from mlipdd.distributed.manager import DistributedManager
+from mlipdd.distributed.model import DistributedModel
+from mlipdd.distributed.pipeline import DistributedPipelineModel
 from mlipdd.distributed.reducer import DistributedReducer
+from mlipdd.shard.agreement import DistributedInputError, RemoteRankError
 
 __all__ = [
+    "Checkpoint",
+    "CheckpointWriter",
     "DistributedInputError",
     "DistributedManager",
     "DistributedModel",
     "DistributedPipelineModel",
-    "DomainConfig",
-    "RemoteRankError",
-    "StrategyKind",
-    # MD under domain decomposition
-    "Checkpoint",
-    "CheckpointWriter",
     "DistributedReducer",
+    "DomainConfig",
     "DomainParallel",
     "HookScope",
+    "RemoteRankError",
+    "StrategyKind",
     "gather_batch",
     "load_checkpoint",
     "restore_dynamics",

@@ -96,7 +96,7 @@ class ModelWrapper(nn.Module):
 
     def distribution_spec(self, strategy=None):
         """The `MLIPSpec` this model runs under; ``None`` lets the core infer a default."""
-        return None
+        return
 
     def atomic_energies(self, batch: Batch, positions: torch.Tensor, cell: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} implements neither atomic_energies nor forward")

@@ -24,7 +24,6 @@ mix UMA with other models) and must see each output exactly once.
 from __future__ import annotations
 
 import torch
-
 from mlipdd.shard.graph_parallel import (
     current_partition,
     gather_nodes,

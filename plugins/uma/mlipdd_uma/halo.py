@@ -28,7 +28,6 @@ rank gets plain tensors), so installing them is harmless outside halo runs.
 from __future__ import annotations
 
 import torch
-
 from mlipdd.shard import ShardTensor, halo_correct, local
 
 FUSED_BACKEND_MESSAGE = (

@@ -12,7 +12,6 @@ heads divide by it), and a rank may hold no atom of some system. So the backbone
 from __future__ import annotations
 
 import torch
-
 from mlipdd.data import Batch
 
 
@@ -85,7 +84,7 @@ def uma_inputs(batch: Batch, task: str, charge: int, spin: int, positions: torch
     """The mapping `HydraModel.forward` reads, for ``task`` (UMA's dataset name)."""
     n_atoms, n_systems = positions.shape[0], batch.num_systems
     device = positions.device
-    long = dict(dtype=torch.long, device=device)
+    long = {"dtype": torch.long, "device": device}
     return UMAInputs(
         pos=positions,
         atomic_numbers=batch.atomic_numbers.long(),

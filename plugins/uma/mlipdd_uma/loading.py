@@ -66,7 +66,7 @@ def load_pretrained(name: str, device: str = "cpu"):
         raise ValueError(f"unknown UMA model name {name!r}; fairchem knows {sorted(known)}")
     try:
         unit = pretrained_mlip.get_predict_unit(name, inference_settings=inference_settings(), device=device)
-    except Exception as exc:  # noqa: BLE001 - network/auth failures come as many types
+    except Exception as exc:
         raise RuntimeError(
             f"could not fetch the UMA model {name!r} through fairchem's pretrained loader "
             f"({type(exc).__name__}: {exc}). The weights come from Hugging Face (facebook/UMA, a "

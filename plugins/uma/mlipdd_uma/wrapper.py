@@ -13,9 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-
 from mlipdd.data import Batch, InputError
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig
+
 from mlipdd_uma.inputs import uma_inputs, wrap_into_cell
 from mlipdd_uma.versions import require_fairchem
 

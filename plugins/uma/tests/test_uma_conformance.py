@@ -40,7 +40,7 @@ def _permutation_noise(batch) -> dict:
         out = model(batch.select_atoms(perm), compute_stress=True)
         inverse = torch.empty_like(perm)
         inverse[perm] = torch.arange(len(perm))
-        for key in worst:
+        for key in list(worst):
             value = out[key][inverse] if key == "forces" else out[key]
             worst[key] = max(worst[key], relative_difference(value.detach(), reference[key].detach()))
     return worst

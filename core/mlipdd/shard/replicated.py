@@ -19,7 +19,7 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from mlipdd.shard.tensor import ShardMeta, ShardTensor, local, promote
+from mlipdd.shard.tensor import FALLBACKS, ShardMeta, ShardTensor, local, promote
 
 
 class _ReplicatedToRows(torch.autograd.Function):
@@ -137,3 +137,26 @@ MIXING_OPS = (
     torch.add, torch.sub, torch.mul, torch.div, torch.where,
     torch.Tensor.__getitem__, torch.Tensor.index_select, torch.index_select,
 )
+
+
+def row_boundary(func, meta, args, kwargs):
+    """The row boundary for ANY op (einsum, matmul, bmm, ...), not just the listed ones.
+
+    # NOTE [no per-row tensor marked replicated]
+    Without this, an op outside `MIXING_OPS` that combines a replicated tensor with
+    plain per-edge rows (mace: ``einsum(unit_shifts, cell[...])``) would return per-edge
+    rows still marked replicated; a later `to_rows` would then all_reduce tensors whose
+    length differs between ranks, a collective mismatch. Checking every op costs a scan
+    of its arguments, and only while a replicated tensor is involved.
+    """
+    if func in _NOT_MATH or not any(is_replicated(t) for t in _tensors(args, kwargs)):
+        return NotImplemented
+    if not mixes_replicated_and_rows(meta, args, kwargs):
+        return NotImplemented
+    return enter_rows(func, meta, args, kwargs)
+
+
+# Calls that take tensors but compute nothing row-wise from them (autograd drivers).
+_NOT_MATH = {torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward}
+
+FALLBACKS.append(row_boundary)

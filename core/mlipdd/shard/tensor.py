@@ -166,12 +166,20 @@ class ShardTensor(torch.Tensor):
                 handler, label = rule
                 registry.FIRED[label] += 1
                 return handler(func, meta, args, kwargs)
+            for fallback in FALLBACKS:  # rules for any op (see replicated.py)
+                out = fallback(func, meta, args, kwargs)
+                if out is not NotImplemented:
+                    return out
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*args, **kwargs)
         if meta is None or func in _NO_PROMOTE:
             return out
         return promote(out, meta)
 
+
+# Rules that apply to every op rather than to a listed few: ``fn(func, meta, args,
+# kwargs)`` returns the result, or NotImplemented to let the op run as usual.
+FALLBACKS: list = []
 
 # How custom ops (torch.library) reach the dispatch; see mlipdd.shard.custom_ops.
 _TORCH_OPS = (torch._ops.OpOverload, torch._ops.OpOverloadPacket)

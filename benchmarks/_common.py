@@ -14,15 +14,19 @@ import torch
 RESULTS = Path(__file__).parent / "results"
 
 
-def machine() -> dict:
-    cpu = "unknown"
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (or what the platform module knows)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine() -> dict:
+    cpu = cpu_model()
     info = {
         "cpu": cpu,
         "cores": os.cpu_count(),

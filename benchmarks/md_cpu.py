@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+from _common import cpu_model
 
 EPSILON, SIGMA, CUTOFF, SKIN = 0.0104, 3.4, 8.5, 0.5
 LATTICE, DT_FS, TEMPERATURE = 5.26, 5.0, 94.0
@@ -160,15 +161,7 @@ def _speedup(one: dict, two: dict) -> str:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}; {os.cpu_count()} logical CPUs visible, shared with other jobs; {platform.system()}"
+    return f"{cpu_model()}; {os.cpu_count()} logical CPUs visible, shared with other jobs; {platform.system()}"
 
 
 def report(cells, steps, mine1, mine2, lmp1, lmp2) -> str:

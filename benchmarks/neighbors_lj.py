@@ -15,12 +15,12 @@ import argparse
 import functools
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
+from _common import machine as base_machine
 from ase.build import bulk
 from mlipdd.data import AtomicData
 from mlipdd.models.lj import LennardJones
@@ -56,23 +56,7 @@ def _sync(device: str) -> None:
 
 
 def machine(device: str) -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-        "python": platform.python_version(),
-        "device": device,
-    }
+    info = {**base_machine(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "device": device}
     try:
         import vesin_torch
 

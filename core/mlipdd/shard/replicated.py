@@ -73,7 +73,17 @@ def replicated(value: torch.Tensor, meta: ShardMeta) -> ShardTensor:
 
 
 def is_replicated(t) -> bool:
-    return isinstance(t, ShardTensor) and isinstance(t._meta, ReplicatedMeta)
+    """Held whole by every rank: a `ReplicatedMeta`, or a layout's own replicated flag
+    (sharded storage marks its per-system results with ``meta.replicated``)."""
+    if not isinstance(t, ShardTensor):
+        return False
+    meta = t._meta
+    return isinstance(meta, ReplicatedMeta) or bool(getattr(meta, "replicated", False))
+
+
+def _source_rows(meta: ShardMeta) -> ShardMeta:
+    """The row layout a replicated value came from."""
+    return meta.rows if isinstance(meta, ReplicatedMeta) else meta.as_rows()
 
 
 def _tensors(args, kwargs):
@@ -89,9 +99,9 @@ def _rows_layout(args, kwargs) -> ShardMeta | None:
     source = None
     for t in _tensors(args, kwargs):
         if isinstance(t, ShardTensor):
-            if not isinstance(t._meta, ReplicatedMeta):
+            if not is_replicated(t):
                 return t._meta
-            source = source or t._meta.rows
+            source = source or _source_rows(t._meta)
     return source
 
 
@@ -102,7 +112,7 @@ def mixes_replicated_and_rows(meta, args, kwargs) -> bool:
     if not any(is_replicated(t) for t in tensors):
         return False
     layout = _rows_layout(args, kwargs)
-    if layout is None or isinstance(layout, ReplicatedMeta):
+    if layout is None:
         return False
     for t in tensors:
         if is_replicated(t):

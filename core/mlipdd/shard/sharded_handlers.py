@@ -46,8 +46,8 @@ import torch
 from mlipdd.shard.exchange import all_reduce_sum, halo_accumulate, pad
 from mlipdd.shard.handlers import SCATTER_OPS, _finish, _parse, _sum_dims, _target_rows
 from mlipdd.shard.registry import register
-from mlipdd.shard.replicated import to_rows
-from mlipdd.shard.tensor import ShardMeta, ShardTensor, local, promote
+from mlipdd.shard.replicated import is_replicated, to_rows
+from mlipdd.shard.tensor import ShardMeta, ShardTensor, local
 
 __all__ = ["ShardedMeta", "routed_gather", "to_rows"]
 
@@ -174,7 +174,7 @@ def sharded_per_system_reduce(func, meta: ShardedMeta, args, kwargs):
     call = _parse(func, args, kwargs)
     base = local(call.target)
     src_meta = _meta_of(call.src)
-    if _is_replicated(call.src):
+    if is_replicated(call.src):
         # replicated in, replicated out: every rank already holds the whole value
         out = call.scatter_into(base, local(call.index), local(call.src))
         return _finish(call, ShardTensor.wrap(out, src_meta))
@@ -228,61 +228,5 @@ def sharded_global_sum(func, meta: ShardedMeta, args, kwargs):
 
 
 # ---- replicated values entering per-rank rows ----------------------------------------
-def _tensors(args, kwargs):
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            yield a
-        elif isinstance(a, (tuple, list)):
-            yield from (x for x in a if isinstance(x, torch.Tensor))
-
-
-def _is_replicated(t) -> bool:
-    return isinstance(_meta_of(t), ShardedMeta) and t._meta.replicated
-
-
-_MIXING_OPS = (
-    torch.Tensor.__add__, torch.Tensor.__radd__, torch.Tensor.__sub__, torch.Tensor.__rsub__,
-    torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.Tensor.__truediv__, torch.Tensor.__rtruediv__,
-    torch.Tensor.add, torch.Tensor.sub, torch.Tensor.mul, torch.Tensor.div,
-    torch.add, torch.sub, torch.mul, torch.div, torch.where,
-)
-
-
-def _mixes_replicated_and_rows(meta, args, kwargs) -> bool:
-    tensors = list(_tensors(args, kwargs))
-    return any(_is_replicated(t) for t in tensors) and any(_rows_meta(_meta_of(t)) for t in tensors)
-
-
-def _reads_replicated_per_row(func):
-    """``lam[batch.batch]`` / ``lam.index_select(0, edge_system)``: one row per atom or edge."""
-
-    def predicate(meta, args, kwargs) -> bool:
-        if not args or not _is_replicated(args[0]):
-            return False
-        index = _gather_index(func, args, kwargs)
-        return index is not None and args[0]._meta.as_rows().row_kind(index.shape[0]) != "other"
-
-    return predicate
-
-
-def _enter_rows(func, meta, args, kwargs):
-    rows_meta = next((t._meta for t in _tensors(args, kwargs) if _rows_meta(_meta_of(t))), None)
-    group = meta.group
-
-    def convert(a):
-        if _is_replicated(a):
-            return to_rows(local(a), group)
-        if isinstance(a, (tuple, list)):
-            return type(a)(convert(x) for x in a)
-        return local(a)
-
-    args = tuple(convert(a) for a in args)
-    kwargs = {k: convert(v) for k, v in kwargs.items()}
-    with torch._C.DisableTorchFunctionSubclass():
-        out = func(*args, **kwargs)
-    return promote(out, rows_meta if rows_meta is not None else meta.as_rows())
-
-
-register(*_MIXING_OPS, predicate=_mixes_replicated_and_rows, name="replicated_to_rows", first=True)(_enter_rows)
-for _op in _GATHERS:
-    register(_op, predicate=_reads_replicated_per_row(_op), name="replicated_to_rows", first=True)(_enter_rows)
+# Handled for every layout by the row boundary in shard/replicated.py (to_rows), which
+# reads this layout's ``replicated`` flag.

@@ -68,6 +68,20 @@ def check_time_constant(value, name: str, hint: str) -> float:
     return checked
 
 
+def set_chain_settings(dynamics, chain_length: int, suzuki_yoshida: int,
+                       removed_dof_per_system: int) -> None:
+    """Check and store the Nose-Hoover chain settings shared by NoseHoover and the barostats."""
+    if int(chain_length) < 1:
+        raise InputError(f"chain_length must be >= 1, got {chain_length}; 3 is usual")
+    if suzuki_yoshida not in SUZUKI_YOSHIDA_WEIGHTS:
+        raise InputError(
+            f"suzuki_yoshida must be one of {sorted(SUZUKI_YOSHIDA_WEIGHTS)}, got {suzuki_yoshida}"
+        )
+    dynamics.chain_length = int(chain_length)
+    dynamics.suzuki_yoshida = int(suzuki_yoshida)
+    dynamics.removed_dof_per_system = int(removed_dof_per_system)
+
+
 class NoseHooverChain:
     """M thermostat particles per system coupled to one kinetic energy (see module NOTE).
 
@@ -187,15 +201,7 @@ class NoseHoover(BaseDynamics):
         super().__init__(model, dt, hooks, **kwargs)
         self.temperature_K = check_positive(temperature, "temperature", "K", "e.g. 300")
         self.tdamp_fs = check_time_constant(tdamp, "tdamp", "try 100 time steps")
-        if int(chain_length) < 1:
-            raise InputError(f"chain_length must be >= 1, got {chain_length}; 3 is usual")
-        if suzuki_yoshida not in SUZUKI_YOSHIDA_WEIGHTS:
-            raise InputError(
-                f"suzuki_yoshida must be one of {sorted(SUZUKI_YOSHIDA_WEIGHTS)}, got {suzuki_yoshida}"
-            )
-        self.chain_length = int(chain_length)
-        self.suzuki_yoshida = int(suzuki_yoshida)
-        self.removed_dof_per_system = int(removed_dof_per_system)
+        set_chain_settings(self, chain_length, suzuki_yoshida, removed_dof_per_system)
         self.chain: NoseHooverChain | None = None
         self._pending_state: dict | None = None
 

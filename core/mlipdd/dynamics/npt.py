@@ -39,12 +39,12 @@ from mlipdd.data import Batch, InputError
 from mlipdd.dynamics import reduce as _reduce
 from mlipdd.dynamics.base import BaseDynamics
 from mlipdd.dynamics.nose_hoover import (
-    SUZUKI_YOSHIDA_WEIGHTS,
     NoseHooverChain,
     check_positive,
     check_time_constant,
     kinetic2,
     per_system,
+    set_chain_settings,
 )
 
 
@@ -89,15 +89,7 @@ class _IsotropicBarostat(BaseDynamics):
         self.tdamp_fs = (
             None if tdamp is None else check_time_constant(tdamp, "tdamp", "try 100 time steps")
         )
-        if int(chain_length) < 1:
-            raise InputError(f"chain_length must be >= 1, got {chain_length}; 3 is usual")
-        if suzuki_yoshida not in SUZUKI_YOSHIDA_WEIGHTS:
-            raise InputError(
-                f"suzuki_yoshida must be one of {sorted(SUZUKI_YOSHIDA_WEIGHTS)}, got {suzuki_yoshida}"
-            )
-        self.chain_length = int(chain_length)
-        self.suzuki_yoshida = int(suzuki_yoshida)
-        self.removed_dof_per_system = int(removed_dof_per_system)
+        set_chain_settings(self, chain_length, suzuki_yoshida, removed_dof_per_system)
         # per-system state, built at the first run (it needs the batch)
         self.barostat_velocity: torch.Tensor | None = None  # v_eps, 1 / ASE time unit
         self.barostat_mass: torch.Tensor | None = None  # W, eV (ASE time)^2

@@ -24,8 +24,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
-from mlipdd import Batch
 from mlipdd.distributed import DistributedManager, DomainConfig, DomainParallel, HookScope
 from mlipdd.dynamics import (
     NPT,
@@ -34,28 +32,7 @@ from mlipdd.dynamics import (
     TrajectoryWriter,
     initialize_velocities,
 )
-from mlipdd_mace import MACEWrapper
-
-
-def load_model(path: str | None, dtype: str, device) -> MACEWrapper:
-    if path is not None:
-        return MACEWrapper.from_file(path, device=device)
-    from mlipdd_mace.testing import random_mace
-
-    model = random_mace(elements=(1, 6, 8), r_max=4.0, dtype=getattr(torch, dtype), seed=0)
-    return MACEWrapper(model.to(device))
-
-
-def starting_system(structure: str | None, repeat: int, dtype, seed: int) -> Batch:
-    if structure is not None:
-        batch = Batch.read(structure, index="-1")
-    else:
-        from ase.build import bulk
-
-        atoms = bulk("C", "diamond", a=3.57, cubic=True).repeat(repeat)
-        atoms.rattle(0.05, seed=seed)
-        batch = Batch.from_ase(atoms)
-    return batch.to(dtype=dtype)
+from mlipdd_mace.testing import example_model, example_system
 
 
 class PressureSampler:
@@ -99,10 +76,10 @@ def main() -> None:
     args = parser.parse_args()
 
     with DistributedManager() as manager:
-        model = load_model(args.model, args.dtype, manager.device)
+        model = example_model(args.model, args.dtype, manager.device)
         full = None
         if manager.rank == 0:
-            full = starting_system(args.structure, args.repeat, model.dtype, args.seed)
+            full = example_system(args.structure, args.repeat, model.dtype, args.seed)
             if full.velocities is None:
                 initialize_velocities(full, args.temperature, seed=args.seed)
             Path(args.out).mkdir(parents=True, exist_ok=True)

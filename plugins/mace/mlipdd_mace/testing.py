@@ -110,3 +110,29 @@ def random_mace_wrapper(**kwargs):
     from mlipdd_mace.wrapper import MACEWrapper
 
     return MACEWrapper(random_mace(**kwargs))
+
+
+def example_model(path: str | None, dtype: str = "float64", device="cpu"):
+    """A `MACEWrapper` from a ``.model`` file, or a random-weight one (H, C, O) when
+    ``path`` is None. The fixed seed gives every rank the same weights."""
+    from mlipdd_mace.wrapper import MACEWrapper
+
+    if path is not None:
+        return MACEWrapper.from_file(path, device=device)
+    model = random_mace(elements=(1, 6, 8), r_max=4.0, dtype=getattr(torch, dtype), seed=0)
+    return MACEWrapper(model.to(device))
+
+
+def example_system(structure: str | None, repeat: int, dtype, seed: int):
+    """The last frame of ``structure`` (any ASE format), or rattled diamond carbon."""
+    from mlipdd.data import Batch
+
+    if structure is not None:
+        batch = Batch.read(structure, index="-1")
+    else:
+        from ase.build import bulk
+
+        atoms = bulk("C", "diamond", a=3.57, cubic=True).repeat(repeat)
+        atoms.rattle(0.05, seed=seed)
+        batch = Batch.from_ase(atoms)
+    return batch.to(dtype=dtype)

@@ -51,21 +51,10 @@ def _emit(row: dict) -> None:
         print(json.dumps(row), flush=True)
 
 
-def _gather_owned(owned, forces):
-    """Owned forces of every rank, in global atom order, on rank 0."""
-    ids = [None] * dist.get_world_size()
-    dist.all_gather_object(ids, (owned.atom_ids.cpu(), forces.detach().cpu()))
-    n = sum(i.shape[0] for i, _ in ids)
-    out = torch.empty((n, 3), dtype=forces.dtype)
-    for i, f in ids:
-        out[i] = f
-    return out
-
-
 def conformance(args, mgr):
     import functools
 
-    from mlipdd.distributed import DistributedModel, DomainConfig, StrategyKind
+    from mlipdd.distributed import DistributedModel, DomainConfig, StrategyKind, gather_rows
     from mlipdd.models.lj import LennardJones
     from mlipdd.testing.systems import small_cell, triclinic
     from mlipdd_mace.testing import random_mace_wrapper
@@ -101,7 +90,7 @@ def conformance(args, mgr):
         dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, strategy=kind))
         owned = dm.partition(system if mgr.rank == 0 else None, device=mgr.device)
         out = dm(owned, compute_stress=True)
-        forces = _gather_owned(owned, out["forces"])
+        forces = gather_rows(owned.atom_ids, out["forces"])
         if mgr.rank == 0:  # the one-GPU answer, same device kind
             ref = model(system.to(mgr.device), compute_stress=True)
             rel = lambda a, b: float((a.cpu() - b.detach().cpu()).abs().max() / b.detach().abs().max())

@@ -21,8 +21,13 @@ import argparse
 import sys
 
 import torch
-import torch.distributed as dist
-from mlipdd.distributed import DistributedManager, DistributedModel, DomainConfig, DomainParallel
+from mlipdd.distributed import (
+    DistributedManager,
+    DistributedModel,
+    DomainConfig,
+    DomainParallel,
+    gather_rows,
+)
 from mlipdd.distributed.config import StrategyKind
 from mlipdd.dynamics import NVE, ThermoLogger, initialize_velocities
 from mlipdd.testing.systems import triclinic
@@ -37,18 +42,6 @@ def load_model(args):
     if args.pretrained:
         return UMAWrapper.from_pretrained(args.pretrained, task=args.task)
     return UMAWrapper(random_uma(seed=0), task=args.task)
-
-
-def owned_forces_in_id_order(owned, forces) -> torch.Tensor | None:
-    """Every rank's owned force rows, put together on rank 0 (None elsewhere)."""
-    parts = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, (owned.atom_ids, forces))
-    if dist.get_rank() != 0:
-        return None
-    full = torch.empty(sum(len(ids) for ids, _ in parts), 3, dtype=forces.dtype)
-    for ids, f in parts:
-        full[ids] = f
-    return full
 
 
 def main() -> None:
@@ -72,7 +65,7 @@ def main() -> None:
         dm = DistributedModel(model, config)
         owned = dm.partition(full)
         out = dm(owned, compute_stress=True)
-        forces = owned_forces_in_id_order(owned, out["forces"])
+        forces = gather_rows(owned.atom_ids, out["forces"])
         print(f"rank {manager.rank}/{manager.world_size} ({args.strategy}): {owned.num_atoms} owned atoms, "
               f"energy {float(out['energy'][0]):.5f} eV")
         if manager.rank == 0:

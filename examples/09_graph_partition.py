@@ -19,24 +19,17 @@ import argparse
 import sys
 
 import torch
-import torch.distributed as dist
-from mlipdd.distributed import DistributedManager, DistributedModel, DomainConfig, DomainParallel
+from mlipdd.distributed import (
+    DistributedManager,
+    DistributedModel,
+    DomainConfig,
+    DomainParallel,
+    gather_rows,
+)
 from mlipdd.distributed.config import StrategyKind
 from mlipdd.dynamics import NVE, ThermoLogger
 from mlipdd.lattices import fcc_argon
 from mlipdd.testing.graph_building_model import GraphBuildingMPNN
-
-
-def owned_forces_in_id_order(owned, forces) -> torch.Tensor | None:
-    """Every rank's owned force rows, put together on rank 0 (None elsewhere)."""
-    parts = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, (owned.atom_ids, forces))
-    if dist.get_rank() != 0:
-        return None
-    full = torch.empty(sum(len(ids) for ids, _ in parts), 3, dtype=forces.dtype)
-    for ids, f in parts:
-        full[ids] = f
-    return full
 
 
 def main() -> None:
@@ -58,7 +51,7 @@ def main() -> None:
         dm = DistributedModel(model, config)
         owned = dm.partition(full)
         out = dm(owned, compute_stress=True)
-        forces = owned_forces_in_id_order(owned, out["forces"])
+        forces = gather_rows(owned.atom_ids, out["forces"])
         print(f"rank {manager.rank}/{manager.world_size}: owns atoms {owned.atom_ids[0]}..{owned.atom_ids[-1]}, "
               f"energy {float(out['energy'][0]):.6f}")
         if manager.rank == 0:

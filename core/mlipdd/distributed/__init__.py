@@ -9,7 +9,7 @@ from mlipdd.distributed.checkpoint import (
 )
 from mlipdd.distributed.config import DomainConfig, StrategyKind
 from mlipdd.distributed.domain_parallel import DomainParallel
-from mlipdd.distributed.hooks import HookScope, gather_batch, unwrapped_positions
+from mlipdd.distributed.hooks import HookScope, gather_batch, gather_rows, unwrapped_positions
 from mlipdd.distributed.manager import DistributedManager
 from mlipdd.distributed.model import DistributedModel
 from mlipdd.distributed.pipeline import DistributedPipelineModel
@@ -30,6 +30,7 @@ __all__ = [
     "RemoteRankError",
     "StrategyKind",
     "gather_batch",
+    "gather_rows",
     "load_checkpoint",
     "restore_dynamics",
     "save_checkpoint",

@@ -56,6 +56,23 @@ def unwrapped_positions(batch: Batch) -> torch.Tensor:
     return batch.positions + torch.einsum("ni,nij->nj", image.to(batch.dtype), cell)
 
 
+def gather_rows(atom_ids: torch.Tensor, rows: torch.Tensor, group=None) -> torch.Tensor | None:
+    """Collective: every rank's owned ``rows`` (e.g. forces) in global atom-id order on
+    rank 0 (None elsewhere), on the CPU; for checks and output, not for the hot path."""
+    parts = [None] * _world(group)
+    mine = (atom_ids.detach().cpu(), rows.detach().cpu())
+    if dist.is_initialized():
+        dist.all_gather_object(parts, mine, group=group)
+    else:
+        parts = [mine]
+    if _rank(group) != 0:
+        return None
+    full = rows.new_empty((sum(len(ids) for ids, _ in parts), *rows.shape[1:]), device="cpu")
+    for ids, part in parts:
+        full[ids] = part
+    return full
+
+
 def gather_batch(batch: Batch, group=None, to_all: bool = False) -> Batch | None:
     """The full system from every rank's owned atoms, sorted by global atom id.
 

@@ -50,10 +50,10 @@ from mlipdd.distributed.hooks import (
 from mlipdd.distributed.model import DistributedModel
 from mlipdd.distributed.reducer import DistributedReducer
 from mlipdd.dynamics.base import BaseDynamics
-from mlipdd.shard.agreement import agree_on_errors, fail_together
+from mlipdd.shard.agreement import OnGroup, agree_on_errors, fail_together
 
 
-class DomainParallel:
+class DomainParallel(OnGroup):
     """``DomainParallel(dynamics, config, n_steps=0, hooks=(), group=None, spec=None)``.
 
     ``dynamics``: any `BaseDynamics`; its model is wrapped in a `DistributedModel` built
@@ -109,13 +109,7 @@ class DomainParallel:
                 self.add_hook(hook)
 
     # ---- identity -------------------------------------------------------------------------
-    @property
-    def rank(self) -> int:
-        return dist.get_rank(self.group) if dist.is_initialized() else 0
 
-    @property
-    def world_size(self) -> int:
-        return dist.get_world_size(self.group) if dist.is_initialized() else 1
 
     @property
     def strategy(self):

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from mlipdd.data import Batch, InputError
 from mlipdd.dynamics.base import HookContext, hook_stages
 from mlipdd.dynamics.reduce import GlobalReducer
+from mlipdd.shard.agreement import group_rank, group_size
 
 
 class HookScope(str, enum.Enum):
@@ -38,12 +39,7 @@ class HookScope(str, enum.Enum):
     GLOBAL = "global"
 
 
-def _rank(group) -> int:
-    return dist.get_rank(group) if dist.is_initialized() else 0
-
-
-def _world(group) -> int:
-    return dist.get_world_size(group) if dist.is_initialized() else 1
+_rank, _world = group_rank, group_size
 
 
 # ---- gathering ----------------------------------------------------------------------------

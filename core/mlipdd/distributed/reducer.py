@@ -13,10 +13,10 @@ import torch
 import torch.distributed as dist
 
 from mlipdd.dynamics.reduce import GlobalReducer
-from mlipdd.shard.agreement import any_rank
+from mlipdd.shard.agreement import OnGroup, any_rank
 
 
-class DistributedReducer(GlobalReducer):
+class DistributedReducer(OnGroup, GlobalReducer):
     """All-reduce SUM / MAX / logical OR over ``group`` (the default group when None)."""
 
     is_distributed = True
@@ -24,13 +24,7 @@ class DistributedReducer(GlobalReducer):
     def __init__(self, group=None):
         self.group = group
 
-    @property
-    def world_size(self) -> int:
-        return dist.get_world_size(self.group) if dist.is_initialized() else 1
 
-    @property
-    def rank(self) -> int:
-        return dist.get_rank(self.group) if dist.is_initialized() else 0
 
     @property
     def is_root(self) -> bool:

@@ -30,8 +30,31 @@ class DistributedInputError(InputError):
     """Bad input found on some rank, raised on every rank with the same message."""
 
 
-def _world(group) -> int:
+def group_rank(group=None) -> int:
+    """This process's rank in ``group`` (0 when there is no process group)."""
+    return dist.get_rank(group) if dist.is_initialized() else 0
+
+
+def group_size(group=None) -> int:
+    """The number of ranks in ``group`` (1 when there is no process group)."""
     return dist.get_world_size(group) if dist.is_initialized() else 1
+
+
+_world = group_size
+
+
+class OnGroup:
+    """``rank`` and ``world_size`` of ``self.group`` for the classes that work on one."""
+
+    group = None
+
+    @property
+    def rank(self) -> int:
+        return group_rank(self.group)
+
+    @property
+    def world_size(self) -> int:
+        return group_size(self.group)
 
 
 def _flag_device(group) -> torch.device:

@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from mlipdd.data import Batch, InputError
 from mlipdd.shard import ExchangePlan, ShardMeta, local
-from mlipdd.shard.agreement import agree_on_errors, check_together
+from mlipdd.shard.agreement import OnGroup, agree_on_errors, check_together
 from mlipdd.shard.graph_parallel import (
     NodePartition,
     PartitionScope,
@@ -65,7 +65,7 @@ class GraphPartitionState:
     plan: ExchangePlan  # no ghost rows: lets halo-style reporting read n_ghost == 0
 
 
-class GraphPartitionStrategy:
+class GraphPartitionStrategy(OnGroup):
     """See the module docstring; one per DistributedModel."""
 
     kind = StrategyKind.GRAPH_PARTITION
@@ -76,13 +76,7 @@ class GraphPartitionStrategy:
         # W blocks along the atom index, reported the way a (W, 1, 1) rank grid is
         self.grid = RankGrid((self.world_size, 1, 1))
 
-    @property
-    def rank(self) -> int:
-        return dist.get_rank(self.group) if dist.is_initialized() else 0
 
-    @property
-    def world_size(self) -> int:
-        return dist.get_world_size(self.group) if dist.is_initialized() else 1
 
     @classmethod
     def from_config(cls, config, group=None) -> GraphPartitionStrategy:

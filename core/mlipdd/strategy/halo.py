@@ -25,7 +25,7 @@ import torch.distributed as dist
 from mlipdd.data import Batch, InputError, fractional
 from mlipdd.neighbors import NeighborList, build_neighbor_list
 from mlipdd.shard import ShardMeta, ShardTensor, halo_accumulate
-from mlipdd.shard.agreement import agree_on_errors, any_rank, check_together
+from mlipdd.shard.agreement import OnGroup, agree_on_errors, any_rank, check_together
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows, pad
 from mlipdd.strategy.grid import RankGrid, check_grid, choose_grid, halo_targets, plane_spacings
 from mlipdd.strategy.kinds import StrategyKind
@@ -47,7 +47,7 @@ class HaloState:
     atom_ids: torch.Tensor  # owned ids at build time
 
 
-class HaloStrategy:
+class HaloStrategy(OnGroup):
     """The spatial halo strategy (see the module docstring); one per DistributedModel."""
 
     kind = StrategyKind.HALO
@@ -63,13 +63,7 @@ class HaloStrategy:
         self.state: HaloState | None = None
         self.rebuilds = 0
 
-    @property
-    def rank(self) -> int:
-        return dist.get_rank(self.group) if dist.is_initialized() else 0
 
-    @property
-    def world_size(self) -> int:
-        return dist.get_world_size(self.group) if dist.is_initialized() else 1
 
     def grid_for(self, cell: torch.Tensor) -> RankGrid:
         if self.grid is None:

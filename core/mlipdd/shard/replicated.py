@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from mlipdd.shard.tensor import FALLBACKS, ShardMeta, ShardTensor, local, promote
+from mlipdd.shard.tensor import _iter_tensors as _tensors
 
 
 class _ReplicatedToRows(torch.autograd.Function):
@@ -84,14 +85,6 @@ def is_replicated(t) -> bool:
 def _source_rows(meta: ShardMeta) -> ShardMeta:
     """The row layout a replicated value came from."""
     return meta.rows if isinstance(meta, ReplicatedMeta) else meta.as_rows()
-
-
-def _tensors(args, kwargs):
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            yield a
-        elif isinstance(a, (tuple, list)):
-            yield from (x for x in a if isinstance(x, torch.Tensor))
 
 
 def _rows_layout(args, kwargs) -> ShardMeta | None:

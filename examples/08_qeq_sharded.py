@@ -21,9 +21,14 @@ import argparse
 import sys
 
 import torch
-import torch.distributed as dist
 from mlipdd.data import Batch
-from mlipdd.distributed import DistributedManager, DistributedModel, DomainConfig, DomainParallel
+from mlipdd.distributed import (
+    DistributedManager,
+    DistributedModel,
+    DomainConfig,
+    DomainParallel,
+    gather_rows,
+)
 from mlipdd.distributed.config import StrategyKind
 from mlipdd.dynamics import NVE, ThermoLogger, initialize_velocities
 from mlipdd.testing.qeq_model import QEqModel
@@ -37,18 +42,6 @@ def two_charged_systems(reps: int) -> Batch:
     batch = Batch.from_data_list([first, second])
     batch.system["charge"] = torch.tensor([1.0, -2.0], dtype=torch.float64)
     return batch
-
-
-def on_rank_zero_by_id(owned, value) -> torch.Tensor | None:
-    """Every rank's owned rows of ``value``, put together in atom-id order on rank 0."""
-    parts = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, (owned.atom_ids, value))
-    if dist.get_rank() != 0:
-        return None
-    full = torch.empty(sum(len(ids) for ids, _ in parts), *value.shape[1:], dtype=value.dtype)
-    for ids, rows in parts:
-        full[ids] = rows
-    return full
 
 
 def main() -> None:
@@ -73,8 +66,8 @@ def main() -> None:
               f"(halo storage would store {rows['owned'] + rows['halo_ghosts']}); reads "
               f"{rows['request_table']} remote atoms per gather", flush=True)
 
-        forces = on_rank_zero_by_id(owned, out["forces"])
-        charges = on_rank_zero_by_id(owned, out["charges"])
+        forces = gather_rows(owned.atom_ids, out["forces"])
+        charges = gather_rows(owned.atom_ids, out["charges"])
         if manager.rank == 0:
             reference = {k: v.detach() for k, v in model(full.clone(), compute_stress=True).items()}
             totals = torch.zeros(2, dtype=charges.dtype).index_add(0, full.batch, charges)

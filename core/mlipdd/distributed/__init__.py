@@ -1,5 +1,6 @@
 """The distributed runtime: process groups, configuration, DistributedModel."""
 
+from mlipdd.comm import DistributedInputError, RemoteRankError
 from mlipdd.distributed.checkpoint import (
     Checkpoint,
     CheckpointWriter,
@@ -14,7 +15,6 @@ from mlipdd.distributed.manager import DistributedManager
 from mlipdd.distributed.model import DistributedModel
 from mlipdd.distributed.pipeline import DistributedPipelineModel
 from mlipdd.distributed.reducer import DistributedReducer
-from mlipdd.shard.agreement import DistributedInputError, RemoteRankError
 
 __all__ = [
     "Checkpoint",

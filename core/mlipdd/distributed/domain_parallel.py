@@ -28,8 +28,7 @@ import warnings
 from pathlib import Path
 from typing import Self
 
-import torch.distributed as dist
-
+from mlipdd.comm import OnGroup, broadcast_object, check_together, compute_on_rank0, fail_together
 from mlipdd.data import Batch, InputError
 from mlipdd.distributed.checkpoint import (
     Checkpoint,
@@ -50,7 +49,6 @@ from mlipdd.distributed.hooks import (
 from mlipdd.distributed.model import DistributedModel
 from mlipdd.distributed.reducer import DistributedReducer
 from mlipdd.dynamics.base import BaseDynamics
-from mlipdd.shard.agreement import OnGroup, agree_on_errors, fail_together
 
 
 class DomainParallel(OnGroup):
@@ -173,26 +171,17 @@ class DomainParallel(OnGroup):
         """Collective: gather the full state to rank 0, which writes ``path`` atomically."""
         with fail_together(self.group):
             full = gather_batch(self._owned(), self.group, to_all=False)
-            error = None
-            if full is not None:
-                try:
-                    write_atomically(checkpoint_payload(full, self.dynamics, self.world_size), path)
-                except Exception as exc:  # noqa: BLE001 - raised on every rank below
-                    error = exc
-            agree_on_errors(error, self.group)
+            compute_on_rank0(
+                lambda: write_atomically(checkpoint_payload(full, self.dynamics, self.world_size), path),
+                group=self.group,
+            )
 
     def restore(self, path: str | Path) -> Batch:
         """Collective: rank 0 reads ``path``; the system is partitioned over this run's
         ranks (any number) and the integrator state restored. Returns the owned batch."""
-        checkpoint, error = None, None
-        if self.rank == 0:
-            try:
-                checkpoint = load_checkpoint(path)
-            except Exception as exc:  # noqa: BLE001 - raised on every rank below
-                error = exc
         with fail_together(self.group):
-            agree_on_errors(error, self.group)
-            header = _broadcast(
+            checkpoint = compute_on_rank0(load_checkpoint, path, group=self.group)
+            header = broadcast_object(
                 None if checkpoint is None else (checkpoint.dynamics_class, checkpoint.dynamics_state,
                                                  checkpoint.world_size),
                 self.group,
@@ -201,12 +190,7 @@ class DomainParallel(OnGroup):
             state = Checkpoint(owned, *header)
             device = owned.device
             self.dynamics.batch = None
-            error = None
-            try:
-                restore_dynamics(self.dynamics, state, device=device)
-            except Exception as exc:  # noqa: BLE001
-                error = exc
-            agree_on_errors(error, self.group)
+            check_together(restore_dynamics, self.dynamics, state, device=device, group=self.group)
         return owned
 
     # ---- teardown -------------------------------------------------------------------------
@@ -228,11 +212,3 @@ class DomainParallel(OnGroup):
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def _broadcast(value, group):
-    if not dist.is_initialized() or dist.get_world_size(group) == 1:
-        return value
-    box = [value]
-    src = dist.get_global_rank(group, 0) if group is not None else 0
-    dist.broadcast_object_list(box, src=src, group=group)
-    return box[0]

@@ -25,12 +25,11 @@ import enum
 import inspect
 
 import torch
-import torch.distributed as dist
 
+from mlipdd.comm import all_gather_objects, gather_objects, group_rank
 from mlipdd.data import Batch, InputError
 from mlipdd.dynamics.base import HookContext, hook_stages
 from mlipdd.dynamics.reduce import GlobalReducer
-from mlipdd.shard.agreement import group_rank, group_size
 
 
 class HookScope(str, enum.Enum):
@@ -38,8 +37,6 @@ class HookScope(str, enum.Enum):
     RANK_ZERO = "rank_zero"
     GLOBAL = "global"
 
-
-_rank, _world = group_rank, group_size
 
 
 # ---- gathering ----------------------------------------------------------------------------
@@ -55,13 +52,8 @@ def unwrapped_positions(batch: Batch) -> torch.Tensor:
 def gather_rows(atom_ids: torch.Tensor, rows: torch.Tensor, group=None) -> torch.Tensor | None:
     """Collective: every rank's owned ``rows`` (e.g. forces) in global atom-id order on
     rank 0 (None elsewhere), on the CPU; for checks and output, not for the hot path."""
-    parts = [None] * _world(group)
-    mine = (atom_ids.detach().cpu(), rows.detach().cpu())
-    if dist.is_initialized():
-        dist.all_gather_object(parts, mine, group=group)
-    else:
-        parts = [mine]
-    if _rank(group) != 0:
+    parts = gather_objects((atom_ids.detach().cpu(), rows.detach().cpu()), group)
+    if parts is None:
         return None
     full = rows.new_empty((sum(len(ids) for ids, _ in parts), *rows.shape[1:]), device="cpu")
     for ids, part in parts:
@@ -77,19 +69,10 @@ def gather_batch(batch: Batch, group=None, to_all: bool = False) -> Batch | None
     ones are kept. Single-process it returns an id-sorted copy.
     """
     node = {k: v.detach() for k, v in batch.node.items() if torch.is_tensor(v)}
-    world = _world(group)
-    if world == 1:
-        parts = [node]
-    else:
-        mine = {k: v.cpu() for k, v in node.items()}
-        if to_all:
-            parts = [None] * world
-            dist.all_gather_object(parts, mine, group=group)
-        else:
-            parts = [None] * world if _rank(group) == 0 else None
-            dist.gather_object(mine, parts, dst=dist.get_global_rank(group, 0) if group else 0, group=group)
-            if parts is None:
-                return None
+    mine = {k: v.cpu() for k, v in node.items()}
+    parts = all_gather_objects(mine, group) if to_all else gather_objects(mine, group)
+    if parts is None:
+        return None
     keys = list(parts[0])
     if any(set(p) != set(keys) for p in parts):
         raise InputError(
@@ -202,7 +185,7 @@ class ScopedHook:
             return
         to_all = self.scope is HookScope.GLOBAL
         full = self.cache.get(ctx, stage, to_all)
-        is_root = _rank(self.cache.group) == 0
+        is_root = group_rank(self.cache.group) == 0
         if full is None:  # RANK_ZERO, not rank 0
             return
         view = DynamicsView(ctx.dynamics, full, GatheredReducer(is_root))

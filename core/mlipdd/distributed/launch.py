@@ -126,8 +126,8 @@ def _wait(procs: list[subprocess.Popen]) -> int:
 # ---- one rank -----------------------------------------------------------------------------
 def run_distributed_simulation(cfg, thermo_stream=None) -> dict[str, Any] | None:
     """One rank of a distributed ``mlipdd run``; the summary on rank 0, None elsewhere."""
+    from mlipdd.comm import RemoteRankError
     from mlipdd.distributed.manager import DistributedManager
-    from mlipdd.shard.agreement import RemoteRankError
 
     manager = DistributedManager(rank=_launched_rank(), world_size=launched_world_size())
     try:
@@ -148,6 +148,7 @@ def run_distributed_simulation(cfg, thermo_stream=None) -> dict[str, Any] | None
 
 
 def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
+    from mlipdd.comm import check_together, compute_on_rank0
     from mlipdd.distributed.config import DomainConfig
     from mlipdd.distributed.domain_parallel import DomainParallel
     from mlipdd.dynamics.simulation import (
@@ -158,12 +159,11 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
         build_system,
         default_hooks,
     )
-    from mlipdd.shard.agreement import check_together
 
     cfg.checked()
     rank = manager.rank
     model = build_model(cfg)
-    full = check_together(build_system, cfg) if rank == 0 else check_together(lambda: None)
+    full = compute_on_rank0(build_system, cfg)
     hooks = default_hooks(cfg, thermo_stream)
     dynamics = build_dynamics(cfg, model)
     config = check_together(

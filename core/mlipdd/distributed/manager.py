@@ -9,6 +9,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from mlipdd.comm import default_backend, rank_device
+
 
 def _env_int(*names: str, default: int | None = None) -> int | None:
     for name in names:
@@ -44,7 +46,7 @@ class DistributedManager:
             os.environ.setdefault("MASTER_ADDR", _slurm_master() if "SLURM_PROCID" in os.environ else "127.0.0.1")
             os.environ.setdefault("MASTER_PORT", "29531" if "SLURM_JOB_ID" in os.environ else str(_free_port()) if world_size == 1 else "29500")
             use_cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
-            backend = backend or ("nccl" if use_cuda else "gloo")
+            backend = backend or default_backend(use_cuda)
             dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
             self._owns_group = True
         self.rank = dist.get_rank()
@@ -52,7 +54,7 @@ class DistributedManager:
         self.backend = dist.get_backend()
         self.local_rank = _env_int("LOCAL_RANK", "SLURM_LOCALID", default=self.rank % max(1, torch.cuda.device_count() or 1))
         if device is None:
-            device = f"cuda:{self.local_rank % torch.cuda.device_count()}" if self.backend == "nccl" else "cpu"
+            device = rank_device(self.backend, self.local_rank)
         self.device = torch.device(device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)

@@ -13,9 +13,9 @@ import contextlib
 import torch
 from torch import nn
 
+from mlipdd.comm import agree_on_errors, check_together, fail_together, nccl_device
 from mlipdd.data import Batch, InputError
 from mlipdd.distributed.config import DomainConfig, StrategyKind
-from mlipdd.shard.agreement import agree_on_errors, check_together, fail_together
 from mlipdd.shard.custom_ops import activated
 from mlipdd.spec.patching import installed
 from mlipdd.strategy import strategy_for
@@ -75,7 +75,7 @@ class DistributedModel(nn.Module):
         on ``device`` (default: where the model's parameters live)."""
         if device is None:
             tensor = next(iter([*self.model.parameters(), *self.model.buffers()]), None)
-            device = tensor.device if tensor is not None else _group_device(self.group)
+            device = tensor.device if tensor is not None else nccl_device(self.group)
         with fail_together(self.group):
             return self.strategy.partition(full, device)
 
@@ -99,15 +99,6 @@ def _model_scope(strategy, meta):
     its node partition there); a no-op for strategies without one."""
     scope = getattr(strategy, "model_scope", None)
     return scope(meta) if scope is not None else contextlib.nullcontext()
-
-
-def _group_device(group):
-    """NCCL ranks compute on their current GPU; otherwise leave the data where it is."""
-    import torch.distributed as dist
-
-    if dist.is_initialized() and dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return None
 
 
 def _check_positions(batch: Batch) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from mlipdd.comm import OnGroup, any_rank
 from mlipdd.dynamics.reduce import GlobalReducer
-from mlipdd.shard.agreement import OnGroup, any_rank
 
 
 class DistributedReducer(OnGroup, GlobalReducer):

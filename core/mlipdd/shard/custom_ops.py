@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from mlipdd.comm import group_size
 from mlipdd.shard import registry
 from mlipdd.shard.exchange import all_reduce_sum, all_to_all_rows, halo_correct, pad
 from mlipdd.shard.replicated import ReplicatedMeta, is_replicated, replicated, to_rows
@@ -295,12 +295,8 @@ def _transform_output(transform: Any, value: Any, meta: ShardMeta, active: _Acti
 # ---- the all-gather of owned rows -----------------------------------------------------
 
 
-def _world(group: Any) -> int:
-    return dist.get_world_size(group) if dist.is_initialized() else 1
-
-
 def _gather_counts(n_owned: int, device: torch.device, group: Any) -> tuple[int, ...]:
-    world = _world(group)
+    world = group_size(group)
     mine = torch.full((world, 1), n_owned, dtype=torch.int64, device=device)
     return tuple(int(c) for c in all_to_all_rows(mine, [1] * world, [1] * world, group).flatten())
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from mlipdd.comm import group_size
+
 
 @dataclass(frozen=True)
 class ExchangePlan:
@@ -130,7 +132,7 @@ class _AllReduceSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, partial, group):
         total = partial.clone()
-        if dist.is_initialized() and dist.get_world_size(group) > 1:
+        if group_size(group) > 1:
             dist.all_reduce(total, group=group)
         return total
 

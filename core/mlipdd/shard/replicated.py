@@ -19,6 +19,7 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
+from mlipdd.comm import group_size
 from mlipdd.shard.tensor import FALLBACKS, ShardMeta, ShardTensor, local, promote
 from mlipdd.shard.tensor import _iter_tensors as _tensors
 
@@ -34,7 +35,7 @@ class _ReplicatedToRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         total = grad.clone()
-        if dist.is_initialized() and dist.get_world_size(ctx.group) > 1:
+        if group_size(ctx.group) > 1:
             dist.all_reduce(total, group=ctx.group)
         return total, None
 

@@ -34,11 +34,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
+from mlipdd.comm import OnGroup, agree_on_errors, broadcast_object, check_together, compute_on_rank0
 from mlipdd.data import Batch, InputError
 from mlipdd.shard import ExchangePlan, ShardMeta, local
-from mlipdd.shard.agreement import OnGroup, agree_on_errors, check_together
 from mlipdd.shard.graph_parallel import (
     NodePartition,
     PartitionScope,
@@ -90,20 +89,7 @@ class GraphPartitionStrategy(OnGroup):
     # ---- the strategy protocol ----------------------------------------------------------
     def partition(self, full: Batch | None, device=None) -> Batch:
         """Rank 0's full batch -> every rank keeps it replicated, returns its owned block."""
-        error = None
-        if self.rank == 0:
-            try:
-                if full is None:
-                    raise InputError("partition() needs the full system on rank 0; got None there")
-                full = full.clone().to("cpu")
-                full.validate()
-            except Exception as exc:  # noqa: BLE001 - raised on every rank just below
-                error = exc
-        agree_on_errors(error, self.group)
-        if self.world_size > 1:
-            box = [full if self.rank == 0 else None]
-            dist.broadcast_object_list(box, src=0, group=self.group)
-            full = box[0]
+        full = broadcast_object(compute_on_rank0(_checked_copy, full, group=self.group), self.group)
         if device is not None:
             full = full.to(device)
         p = NodePartition.balanced(full.num_atoms, self.world_size, self.rank, self.group)
@@ -183,6 +169,15 @@ class GraphPartitionStrategy(OnGroup):
                 f"the batch has {batch.num_systems} systems, the partitioned one {state.n_systems}; "
                 "call partition() again for a new set of systems"
             )
+
+
+def _checked_copy(full: Batch | None) -> Batch:
+    """Rank 0: a validated CPU copy of the full batch, to broadcast."""
+    if full is None:
+        raise InputError("partition() needs the full system on rank 0; got None there")
+    full = full.clone().to("cpu")
+    full.validate()
+    return full
 
 
 def _unaware_model_error() -> InputError:

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from mlipdd.comm import OnGroup, any_rank, check_together, compute_on_rank0, scatter_objects
 from mlipdd.data import Batch, InputError, fractional
 from mlipdd.neighbors import NeighborList, build_neighbor_list
 from mlipdd.shard import ShardMeta, ShardTensor, halo_accumulate
-from mlipdd.shard.agreement import OnGroup, agree_on_errors, any_rank, check_together
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows, pad
 from mlipdd.strategy.grid import RankGrid, check_grid, choose_grid, halo_targets, plane_spacings
 from mlipdd.strategy.kinds import StrategyKind
@@ -139,15 +139,9 @@ class HaloStrategy(OnGroup):
 
     def partition(self, full: Batch | None, device=None) -> Batch:
         """Rank 0's full batch -> this rank's owned batch (atoms sorted by system)."""
-        parts, error = None, None
-        if self.rank == 0:
-            try:
-                parts = self._split(full)
-            except Exception as exc:  # noqa: BLE001 - raised on every rank just below
-                error = exc
-        agree_on_errors(error, self.group)
-        parts = _scatter_objects(parts, self.group, self.world_size)
-        owned = parts.to(device) if device is not None else parts
+        parts = compute_on_rank0(self._split, full, group=self.group)
+        owned = scatter_objects(parts, self.group)
+        owned = owned.to(device) if device is not None else owned
         self.grid_for(owned.cell)
         self.state = None
         return owned
@@ -299,11 +293,3 @@ def _exchange_counts(send_counts: torch.Tensor, group) -> tuple[int, ...]:
     recv = torch.empty_like(send_counts)
     dist.all_to_all_single(recv, send_counts.contiguous(), group=group)
     return tuple(recv.tolist())
-
-
-def _scatter_objects(parts, group, world_size):
-    if world_size == 1:
-        return parts[0]
-    out = [None]
-    dist.scatter_object_list(out, parts, src=0, group=group)
-    return out[0]

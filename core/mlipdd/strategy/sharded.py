@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
+from mlipdd.comm import check_together
 from mlipdd.data import Batch, InputError
 from mlipdd.neighbors import NeighborList
 from mlipdd.shard import ShardTensor
-from mlipdd.shard.agreement import check_together
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows
 from mlipdd.shard.sharded_handlers import ShardedMeta
 from mlipdd.strategy.halo import HaloState, HaloStrategy, _exchange_counts

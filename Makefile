@@ -16,10 +16,10 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # One thread per process: tests spawn several ranks on machines with few cores.
 export OMP_NUM_THREADS ?= 1
-# Spawned test ranks import mace once (in their forkserver), not once per rank; the
-# MACE conformance suite runs the full 2, 3 and 4 rank matrix.
+# Spawned test ranks import mace once (in their forkserver), not once per rank.
 export MLIPDD_SPAWN_PRELOAD ?= mace.modules
-export MLIPDD_CONFORMANCE_RANKS ?= 2,3,4
+# Rank counts of every conformance suite (mlipdd.testing.conformance_suite): the full matrix.
+WORLD_SIZES ?= 2,3,4
 
 # Plugins are picked up from plugins/* once they have a pyproject.toml.
 PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
@@ -56,7 +56,7 @@ demo: install
 	$(VENV)/bin/mlipdd run
 
 test: install
-	$(PY) -m pytest tests $(PLUGIN_TEST_DIRS)
+	$(PY) -m pytest tests $(PLUGIN_TEST_DIRS) --mlipdd-world-sizes=$(WORLD_SIZES)
 
 # Lint needs only ruff, not the full install.
 lint: venv

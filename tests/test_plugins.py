@@ -110,6 +110,17 @@ def test_builtin_plugin_is_always_there():
     assert "mlipdd.spec" in reg.spec_modules
 
 
+def test_get_preset_finds_every_preset_of_the_core():
+    """One registry: each MLIPSpec in mlipdd.spec.presets is in PRESETS and get_preset finds it."""
+    from mlipdd.spec import MLIPSpec, presets
+
+    module_specs = {name for name in presets.__all__ if isinstance(getattr(presets, name), MLIPSpec)}
+    assert module_specs == set(presets.PRESETS), "add the new preset to mlipdd.spec.presets.PRESETS"
+    for name in module_specs:
+        assert plugins.get_preset(name) is getattr(presets, name)
+        assert plugins.registry().preset_plugins[name] == "builtin"
+
+
 def test_installed_plugin_is_discovered_with_its_version(installed_fixtures):
     reg = load_with_fixtures()
     assert ("fixture_good", "mlipdd-fixture-good", "1.2.3") in reg.plugins

@@ -5,35 +5,18 @@ from __future__ import annotations
 import json
 
 import pytest
+from mlipdd.cli import main
 from mlipdd.data import InputError
-
-
-def _cli():
-    try:
-        from mlipdd.cli import main
-    except ImportError as exc:  # written by another engineer; may not have landed yet
-        pytest.skip(f"mlipdd.cli is not available yet ({exc}); the run command cannot be reached")
-    return main
-
-
-@pytest.fixture(autouse=True)
-def _needs_model_registry():
-    pytest.importorskip(
-        "mlipdd.plugins", reason="the model registry (mlipdd.plugins) has not landed yet"
-    )
-
 
 TINY = ["--size", "2", "--steps", "6", "--log-every", "0", "--progress", "off", "--device", "cpu"]
 
 
 def run_json(capsys, *flags) -> dict:
-    main = _cli()
     assert main(["run", *TINY, *flags, "--json"]) == 0
     return json.loads(capsys.readouterr().out)
 
 
 def test_run_with_tiny_flags_prints_a_summary(capsys):
-    main = _cli()
     assert main(["run", *TINY]) == 0
     out = capsys.readouterr().out
     assert "NVT lj on fcc_argon: 32 atoms, 6 steps" in out

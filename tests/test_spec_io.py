@@ -351,8 +351,3 @@ def test_spec_modules_come_from_the_plugin_registry(tmp_path, monkeypatch):
         assert "spec_helpers" not in allowed_modules()
     finally:
         reset_registry()  # the next user rebuilds the manager with autoload as configured
-
-
-def test_allow_list_falls_back_without_plugin_system(monkeypatch):
-    monkeypatch.setitem(sys.modules, "mlipdd.plugins", None)  # makes the import fail
-    assert allowed_modules(["x.y"]) == {"mlipdd.spec", "x.y"}

@@ -1,52 +1,28 @@
 """The plugin that ships inside the core: the Lennard-Jones reference model and the
 core's presets. It registers through the public hooks like any third-party plugin.
 
-Imports happen inside the hooks so that importing the plugin system stays cheap and a
-core module that is not there (yet) costs that one registration, not the whole plugin.
+Imports happen inside the hooks so that importing the plugin system stays cheap.
 """
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
-
 from mlipdd.hookspecs import RegisterModel, RegisterPreset, RegisterSpecModule, hookimpl
-
-BUILTIN_PRESETS = ("SPEC_MPNN_HALO", "SPEC_LJ_HALO")
-
-
-def _optional_core_module(path: str) -> ModuleType | None:
-    """Import a core module, or ``None`` if that module itself does not exist.
-
-    An error *inside* an existing module still propagates: that is a bug to see.
-    """
-    try:
-        return importlib.import_module(path)
-    except ModuleNotFoundError as exc:
-        if exc.name == path:
-            return None
-        raise
 
 
 @hookimpl
 def mlipdd_register_models(register: RegisterModel) -> None:
-    lj = _optional_core_module("mlipdd.models.lj")
-    if lj is not None:
-        register(
-            "lj",
-            lj.LennardJones,
-            "Lennard-Jones pair potential: the reference model for tests and the demo",
-        )
+    from mlipdd.models.lj import LennardJones
+
+    register("lj", LennardJones, "Lennard-Jones pair potential: the reference model for tests and the demo")
 
 
 @hookimpl
 def mlipdd_register_presets(register: RegisterPreset) -> None:
-    presets = _optional_core_module("mlipdd.spec.presets")
-    if presets is None:
-        return
-    for name in BUILTIN_PRESETS:
-        if hasattr(presets, name):
-            register(name, getattr(presets, name))
+    """Every preset of `mlipdd.spec.presets`: ``get_preset(name)`` is the one lookup."""
+    from mlipdd.spec.presets import PRESETS
+
+    for name, spec in PRESETS.items():
+        register(name, spec)
 
 
 @hookimpl

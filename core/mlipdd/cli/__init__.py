@@ -1,9 +1,8 @@
-"""The ``mlipdd`` command: ``mlipdd run | validate | plugins | bench``.
+"""The ``mlipdd`` command: ``mlipdd run | validate | plugins``.
 
 Each subcommand lives in its own module ``mlipdd.cli.<name>_cmd`` that exposes
 ``add_parser(subparsers)``; the parser it adds sets ``func`` (``args -> int | None``).
-A subcommand module that is not there is left out of the command, so the CLI keeps
-working while subcommands are being written.
+A new subcommand is one module plus its name in `SUBCOMMAND_MODULES`.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import argparse
 import importlib
 from collections.abc import Sequence
 
-SUBCOMMAND_MODULES = ("run_cmd", "validate_cmd", "plugins_cmd", "bench_cmd")
+SUBCOMMAND_MODULES = ("run_cmd", "validate_cmd", "plugins_cmd")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,14 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mlipdd {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     for module_name in SUBCOMMAND_MODULES:
-        path = f"{__name__}.{module_name}"
-        try:
-            module = importlib.import_module(path)
-        except ModuleNotFoundError as exc:
-            if exc.name == path:
-                continue  # subcommand not written yet
-            raise
-        module.add_parser(subparsers)
+        importlib.import_module(f"{__name__}.{module_name}").add_parser(subparsers)
     return parser
 
 

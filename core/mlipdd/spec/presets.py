@@ -1,7 +1,9 @@
 """Ready-made specs for the common model families.
 
-The built-in plugin (``mlipdd.builtin_plugin``) registers these through the preset
-hook, like any third-party plugin registers its own.
+The built-in plugin (``mlipdd.builtin_plugin``) registers every entry of `PRESETS`
+through the preset hook, like any third-party plugin registers its own, so
+``mlipdd.plugins.get_preset(name)`` is the one lookup for built-in and plugin presets.
+A new preset here goes into `PRESETS` too (a test checks).
 """
 
 from __future__ import annotations

@@ -132,12 +132,9 @@ def save_spec(spec: MLIPSpec, path: str | os.PathLike[str]) -> None:
 
 def allowed_modules(extra: Iterable[str] = ()) -> set[str]:
     """Module paths a spec file may name: plugin-registered ones, ``mlipdd.spec``, ``extra``."""
-    allowed = {"mlipdd.spec", *extra}
-    try:
-        from mlipdd.plugins import registry
-    except ImportError:
-        return allowed
-    return allowed | set(registry().spec_modules)
+    from mlipdd.plugins import registry  # here: the plugin system imports spec
+
+    return {"mlipdd.spec", *extra, *registry().spec_modules}
 
 
 def _get(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:

@@ -19,11 +19,12 @@ def conformance_suite(model_factory: Callable, species=(18,), spacing: float = 3
 
     ``model_factory`` must be a module-level callable (it is sent to the ranks).
     ``batch_transform`` adapts a built system (e.g. a dtype change) before the check.
+    ``pytest --mlipdd-world-sizes=...`` overrides ``world_sizes`` for the run (the
+    kit's pytest plugin parametrises ``world_size``).
     """
     limits = {**DEFAULT_TOLERANCES, **(tolerances or {})}
 
-    @pytest.mark.mlipdd_conformance
-    @pytest.mark.parametrize("world_size", world_sizes)
+    @pytest.mark.mlipdd_conformance(world_sizes=tuple(world_sizes))
     @pytest.mark.parametrize("cell", cells)
     def test_conformance(cell, world_size):
         batch = AWKWARD_CELLS[cell](species=species, spacing=spacing)

@@ -8,12 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-try:
-    from mlipdd.plugins import hookimpl
-except ImportError:  # core plugin system not installed yet: same marker, by project name
-    import pluggy
-
-    hookimpl = pluggy.HookimplMarker("mlipdd")
+from mlipdd import hookimpl
 
 
 def make_mace_model(
@@ -59,14 +54,10 @@ def mlipdd_register_models(register):
 
 @hookimpl
 def mlipdd_register_presets(register):
-    from mlipdd_mace.spec import mpnn_halo_preset
+    from mlipdd.spec import SPEC_MPNN_HALO
 
     # MACE is a plain halo message-passing network; the alias names it for users.
-    # A core without the preset gets no alias (raising here would drop the whole
-    # plugin, models included).
-    preset = mpnn_halo_preset()
-    if preset is not None:
-        register("SPEC_MACE_HALO", preset)
+    register("SPEC_MACE_HALO", SPEC_MPNN_HALO)
 
 
 @hookimpl

@@ -173,15 +173,9 @@ class MACEWrapper(ModelWrapper):
 
     def distribution_spec(self, strategy=None):
         """Spatial halo: mace is a message-passing network with a fixed neighbour list."""
-        from mlipdd_mace.spec import mpnn_halo_preset
+        from mlipdd.spec import SPEC_MPNN_HALO
 
-        preset = mpnn_halo_preset()
-        if preset is None:
-            raise RuntimeError(
-                "this mlipdd core has no SPEC_MPNN_HALO preset, which MACE runs under; "
-                "upgrade mlipdd to a version with mlipdd.spec.SPEC_MPNN_HALO"
-            )
-        return preset
+        return SPEC_MPNN_HALO
 
     def extra_repr(self) -> str:
         cfg = self.model_config

@@ -1,34 +1,31 @@
 """Multi-rank conformance: distributed MACE equals single-process MACE.
 
-Uses the core's kit (`mlipdd.testing.conformance_suite`): the awkward cells of
-ARCHITECTURE.md (cubic, triclinic, a cell where ranks see their own images, a slab with
+Uses the core's kit (`mlipdd.testing.conformance_suite`): the awkward cells
+(cubic, triclinic, a cell where ranks see their own images, a slab with
 vacuum, a batch of two systems), each run on spawned gloo ranks and compared with one
 process to 1e-10 in float64. The model is rebuilt in every rank from a picklable
 factory with a fixed seed. 2 ranks by default (every rank imports mace, which is slow
-on a small CPU box); set ``MLIPDD_CONFORMANCE_RANKS=2,3,4`` for the full matrix.
+on a small CPU box); ``pytest --mlipdd-world-sizes=2,3,4`` runs the full matrix.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
-import pytest
 import torch
 
+from mlipdd.testing import conformance_suite
 from mlipdd_mace.testing import random_mace_wrapper
 
-testing = pytest.importorskip("mlipdd.testing", reason="core conformance kit not installed yet")
-if not hasattr(testing, "conformance_suite"):
-    pytest.skip("mlipdd.testing.conformance_suite has not landed yet", allow_module_level=True)
-
 SPECIES = (1, 6, 8)
-WORLD_SIZES = tuple(int(n) for n in os.environ.get("MLIPDD_CONFORMANCE_RANKS", "2").split(","))
+# 2 ranks by default (every rank imports mace, slow on a small CPU box);
+# `pytest --mlipdd-world-sizes=2,3,4` (as `make test` does) runs the full matrix.
+WORLD_SIZES = (2,)
 FACTORY = functools.partial(
     random_mace_wrapper, elements=SPECIES, r_max=4.0, dtype=torch.float64, seed=0
 )
 
 # spacing 2.5 A with r_max 4 A: ~15 neighbours per atom, two layers reach 8 A.
-test_mace_conformance = testing.conformance_suite(
+test_mace_conformance = conformance_suite(
     FACTORY, species=SPECIES, spacing=2.5, world_sizes=WORLD_SIZES
 )

@@ -6,9 +6,10 @@ import pytest
 import torch
 from mace_structures import STRUCTURES
 
+import mlipdd.plugins as mlipdd_plugins
 from mlipdd.data import Batch
+from mlipdd.spec import SPEC_MPNN_HALO
 from mlipdd_mace import plugin
-from mlipdd_mace.spec import mpnn_halo_preset
 from mlipdd_mace.wrapper import MACEWrapper, is_mace_model
 
 
@@ -44,27 +45,16 @@ def test_wrap_model_hook_recognises_only_mace(mace_model):
 
 
 def test_preset_alias_is_the_mpnn_halo_preset():
-    preset = mpnn_halo_preset()
-    if preset is None:
-        pytest.skip("mlipdd.spec.SPEC_MPNN_HALO has not landed in the core yet")
-    assert _collect(plugin.mlipdd_register_presets) == {"SPEC_MACE_HALO": preset}
+    assert _collect(plugin.mlipdd_register_presets) == {"SPEC_MACE_HALO": SPEC_MPNN_HALO}
 
 
 def test_distribution_spec_is_halo(mace_model):
-    preset = mpnn_halo_preset()
-    if preset is None:
-        pytest.skip("mlipdd.spec.SPEC_MPNN_HALO has not landed in the core yet")
-    assert MACEWrapper(mace_model).distribution_spec() is preset
+    assert MACEWrapper(mace_model).distribution_spec() is SPEC_MPNN_HALO
 
 
 @pytest.fixture
 def plugins():
     """The core's plugin system with a freshly discovered registry (entry points)."""
-    mlipdd_plugins = pytest.importorskip(
-        "mlipdd.plugins", reason="core plugin system not installed"
-    )
-    if not hasattr(mlipdd_plugins, "wrap_model"):
-        pytest.skip("mlipdd.plugins.wrap_model not available in this core")
     mlipdd_plugins.reset_registry()
     yield mlipdd_plugins
     mlipdd_plugins.reset_registry()

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from mlipdd.data import InputError
 from mlipdd.strategy.kinds import StrategyKind
 
@@ -22,7 +20,6 @@ class DomainConfig:
     skin: float = 0.5
     strategy: StrategyKind = StrategyKind.HALO
     grid: tuple[int, int, int] | None = None
-    dtype: torch.dtype | None = None
     compile: bool = False
 
     def __post_init__(self) -> None:

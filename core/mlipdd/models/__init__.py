@@ -2,7 +2,6 @@ from mlipdd.models.base import (
     ModelConfig,
     ModelWrapper,
     NeighborConfig,
-    NeighborListFormat,
     energy_forces_stress,
     per_system_sum,
 )
@@ -11,7 +10,6 @@ __all__ = [
     "ModelConfig",
     "ModelWrapper",
     "NeighborConfig",
-    "NeighborListFormat",
     "energy_forces_stress",
     "per_system_sum",
 ]

@@ -11,7 +11,6 @@ Neighbour-list convention (ASE's "ijS"): ``edge_index[0]`` is the sender ``i``,
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 import torch
@@ -20,30 +19,27 @@ from torch import nn
 from mlipdd.data import Batch
 
 
-class NeighborListFormat(enum.Enum):
-    COO = "coo"  # edge_index (2, E) + shifts (E, 3)
-
-
 @dataclass(frozen=True)
 class NeighborConfig:
+    """The neighbour list a model reads: every pair within ``cutoff``, in both directions
+    (a full list in the convention of the module docstring). Under domain decomposition
+    each directed edge lives on its receiver's rank, which a half list cannot express."""
+
     cutoff: float
-    format: NeighborListFormat = NeighborListFormat.COO
-    full_list: bool = True
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """What a wrapper computes and what it needs.
 
-    ``autograd_outputs`` are derived by autograd from ``autograd_inputs``; the rest come
-    straight out of the forward.
+    ``autograd_outputs`` are derivatives of the energy with respect to positions (forces)
+    or strain (stress): under domain decomposition their ghost rows hold partials that
+    go back to the owners. The rest come straight out of the forward.
     """
 
     neighbor_config: NeighborConfig
     outputs: frozenset[str] = frozenset({"energy", "forces", "stress"})
     autograd_outputs: frozenset[str] = frozenset({"forces", "stress"})
-    autograd_inputs: frozenset[str] = frozenset({"positions"})
-    needs_system_charge: bool = False
     supported_dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float64)
     extra: dict = field(default_factory=dict, compare=False)
 

@@ -77,7 +77,6 @@ class PipelineModelWrapper(ModelWrapper):
 def _combined_config(configs: list[ModelConfig]) -> ModelConfig:
     outputs = functools.reduce(operator.and_, (c.outputs for c in configs))
     autograd_outputs = functools.reduce(operator.or_, (c.autograd_outputs for c in configs))
-    autograd_inputs = functools.reduce(operator.or_, (c.autograd_inputs for c in configs))
     dtypes = tuple(
         d for d in configs[0].supported_dtypes if all(d in c.supported_dtypes for c in configs)
     )
@@ -85,7 +84,5 @@ def _combined_config(configs: list[ModelConfig]) -> ModelConfig:
         neighbor_config=NeighborConfig(cutoff=max(c.cutoff for c in configs)),
         outputs=outputs,
         autograd_outputs=autograd_outputs & outputs,
-        autograd_inputs=autograd_inputs,
-        needs_system_charge=any(c.needs_system_charge for c in configs),
         supported_dtypes=dtypes,
     )

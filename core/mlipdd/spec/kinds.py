@@ -10,9 +10,13 @@ class OutputKind(enum.Enum):
 
     * ``PER_NODE``: one row per atom (forces, atomic energies). Ghost rows are dropped
       and, unless the output is owned-only, ghost partials go back to their owners.
-    * ``PER_GRAPH``: one row per system (energy, stress); replicated on every rank.
-    * ``GLOBAL``: one value for the whole batch; replicated on every rank.
-    * ``UNKNOWN``: not declared; passed through untouched.
+    * ``PER_GRAPH``: one row per system (energy, stress); replicated on every rank,
+      kept as it is (summed first when named in ``all_reduce_outputs``).
+    * ``GLOBAL``: one value for the whole batch; replicated on every rank, kept as it is.
+    * ``UNKNOWN``: not declared; a tensor with one row per atom of this rank is treated
+      as PER_NODE, anything else is passed through untouched.
+
+    `mlipdd.strategy.outputs.consolidate_outputs` applies these rules for every strategy.
     """
 
     PER_NODE = "per_node"

@@ -109,7 +109,8 @@ class MLIPSpec:
     """Everything the core needs to run a model distributed.
 
     * ``distribution``: the ``DistributionSpec`` (policy and adapters).
-    * ``output_kinds``: ``{output name: OutputKind}``; drives final consolidation.
+    * ``output_kinds``: ``{output name: OutputKind}``; drives final consolidation
+      (`mlipdd.strategy.outputs`: per-graph kinds stay replicated, per-node ones go to owners).
     * ``owned_only_outputs``: per-atom outputs already complete on their owner's rank
       (skip the ghost back-exchange).
     * ``all_reduce_outputs``: outputs that are per-rank partial sums (strain-trick

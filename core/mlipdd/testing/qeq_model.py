@@ -53,7 +53,6 @@ class QEqModel(ModelWrapper):
         self.model_config = ModelConfig(
             NeighborConfig(cutoff),
             outputs=frozenset({"energy", "forces", "stress", "charges"}),
-            needs_system_charge=True,
         )
         table = torch.full((119,), -1, dtype=torch.long)
         table[torch.tensor(species)] = torch.arange(len(species))

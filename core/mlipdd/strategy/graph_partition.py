@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from mlipdd.data import Batch, InputError
 from mlipdd.shard import ExchangePlan, ShardMeta, local
-from mlipdd.shard.agreement import OnGroup, agree_on_errors, check_together
+from mlipdd.shard.agreement import agree_on_errors, check_together
 from mlipdd.shard.graph_parallel import (
     NodePartition,
     PartitionScope,
@@ -46,6 +46,8 @@ from mlipdd.shard.graph_parallel import (
     partition_scope,
     reduce_scatter_rows,
 )
+from mlipdd.shard.layouts import layout_for
+from mlipdd.strategy.base import Strategy
 from mlipdd.strategy.grid import RankGrid
 from mlipdd.strategy.kinds import StrategyKind
 from mlipdd.strategy.outputs import consolidate_outputs
@@ -65,10 +67,10 @@ class GraphPartitionState:
     plan: ExchangePlan  # no ghost rows: lets halo-style reporting read n_ghost == 0
 
 
-class GraphPartitionStrategy(OnGroup):
+class GraphPartitionStrategy(Strategy):
     """See the module docstring; one per DistributedModel."""
 
-    kind = StrategyKind.GRAPH_PARTITION
+    name = StrategyKind.GRAPH_PARTITION.value
 
     def __init__(self, group=None):
         self.group = group
@@ -76,15 +78,13 @@ class GraphPartitionStrategy(OnGroup):
         # W blocks along the atom index, reported the way a (W, 1, 1) rank grid is
         self.grid = RankGrid((self.world_size, 1, 1))
 
-
-
     @classmethod
     def from_config(cls, config, group=None) -> GraphPartitionStrategy:
         # cutoff and skin are the model's business: it builds its own graph every call
         return cls(group)
 
-    @staticmethod
-    def accepts(policy) -> bool:
+    @classmethod
+    def accepts(cls, policy) -> bool:
         return policy.is_graph_parallel()
 
     # ---- the strategy protocol ----------------------------------------------------------
@@ -136,11 +136,9 @@ class GraphPartitionStrategy(OnGroup):
         meta = ShardMeta(
             plan=state.plan,
             n_systems=state.n_systems,
-            scatter_rule=policy.scatter,
-            gather_rule=policy.gather,
-            system_reductions=policy.system_reductions,
+            layout=layout_for(policy, "graph_partition"),
             group=self.group,
-            notes={"kind": "graph_parallel", "partition": p, "scope": PartitionScope(p)},
+            notes={"scope": PartitionScope(p)},
         )
         return full, meta
 

@@ -10,9 +10,9 @@ import ast
 import contextlib
 from pathlib import Path
 
-import mlipdd.shard as shard
 import pytest
 import torch
+from mlipdd import shard
 from mlipdd.cli import plugins_cmd
 from mlipdd.shard import (
     ANY_OP,
@@ -31,6 +31,7 @@ from mlipdd.shard import (
 
 PINNED = [
     "op_adapter",
+    "sharded_row_count",
     "sharded_gather",
     "sharded_scatter",
     "sharded_per_system_reduce",

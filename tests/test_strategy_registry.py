@@ -14,7 +14,13 @@ from mlipdd.data import Batch, InputError
 from mlipdd.distributed import DistributedModel, DomainConfig, StrategyKind
 from mlipdd.hookspecs import hookimpl
 from mlipdd.shard import ExchangePlan, Replicated, ShardMeta
-from mlipdd.strategy import GraphPartitionStrategy, HaloStrategy, ShardedStrategy, Strategy, strategy_for
+from mlipdd.strategy import (
+    GraphPartitionStrategy,
+    HaloStrategy,
+    ShardedStrategy,
+    Strategy,
+    strategy_for,
+)
 from mlipdd.strategy.outputs import consolidate_outputs
 from mlipdd.testing import run_ranks
 from mlipdd.testing.conformance import gather_by_id, relative_difference

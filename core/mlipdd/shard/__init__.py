@@ -3,6 +3,7 @@
 # The modules that register dispatch rules (their order is PRECEDENCE's, not this one).
 from mlipdd.shard import custom_ops as _custom_ops  # noqa: F401
 from mlipdd.shard import handlers as _handlers  # noqa: F401
+from mlipdd.shard import owned_rows as _owned_rows  # noqa: F401
 from mlipdd.shard import replicated as _replicated  # noqa: F401
 from mlipdd.shard import sharded_handlers as _sharded_handlers  # noqa: F401
 from mlipdd.shard.exchange import (

@@ -47,6 +47,7 @@ PRECEDENCE: list[str] = [
     "op_adapter",
     # sharded storage: owned rows only. A node scatter is tried before a per-system one
     # (the strategy refuses the layouts where the two have the same number of rows).
+    "sharded_row_count",
     "sharded_gather",
     "sharded_scatter",
     "sharded_per_system_reduce",
@@ -161,6 +162,8 @@ def _op_name(op) -> str:
     name = getattr(op, "__name__", None)
     if name is None:
         return repr(op)
+    if name == "__get__":  # a property, e.g. Tensor.shape
+        return f"Tensor.{getattr(getattr(op, '__self__', None), '__name__', name)}"
     if getattr(torch.Tensor, name, None) is op:
         return f"Tensor.{name}"
     if getattr(torch, name, None) is op:

@@ -31,6 +31,7 @@ from mlipdd.shard import ShardMeta, ShardTensor
 from mlipdd.shard.agreement import check_together
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows
 from mlipdd.shard.layouts import layout_for
+from mlipdd.shard.owned_rows import owned_rows_scope
 from mlipdd.strategy.base import Strategy
 from mlipdd.strategy.halo import HaloPlanner, HaloState, exchange_counts
 from mlipdd.strategy.kinds import StrategyKind
@@ -111,6 +112,11 @@ class ShardedStrategy(Strategy):
         owned.neighbors = state.neighbors
         owned.n_owned = batch.num_atoms
         return owned, meta
+
+    def model_scope(self, meta: ShardMeta):
+        """Per-atom tensors the model creates from the atom count are owned rows too
+        (NOTE [row counts] in mlipdd.shard.owned_rows)."""
+        return owned_rows_scope(meta)
 
     def consolidate(self, outputs: dict, meta: ShardMeta, spec, autograd_outputs) -> dict:
         """Per-atom outputs are owned rows already (gradients reached their owners in the

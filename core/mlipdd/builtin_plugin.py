@@ -1,12 +1,18 @@
-"""The plugin that ships inside the core: the Lennard-Jones reference model and the
-core's presets. It registers through the public hooks like any third-party plugin.
+"""The plugin that ships inside the core: the Lennard-Jones reference model, the
+core's presets and the built-in decomposition strategies. It registers through the public hooks like any third-party plugin.
 
 Imports happen inside the hooks so that importing the plugin system stays cheap.
 """
 
 from __future__ import annotations
 
-from mlipdd.hookspecs import RegisterModel, RegisterPreset, RegisterSpecModule, hookimpl
+from mlipdd.hookspecs import (
+    RegisterModel,
+    RegisterPreset,
+    RegisterSpecModule,
+    RegisterStrategy,
+    hookimpl,
+)
 
 
 @hookimpl
@@ -28,3 +34,15 @@ def mlipdd_register_presets(register: RegisterPreset) -> None:
 @hookimpl
 def mlipdd_register_spec_modules(register: RegisterSpecModule) -> None:
     register("mlipdd.spec")
+
+
+@hookimpl
+def mlipdd_register_strategies(register: RegisterStrategy) -> None:
+    from mlipdd.strategy import GraphPartitionStrategy, HaloStrategy, ShardedStrategy, StrategyKind
+
+    register(StrategyKind.HALO.value, HaloStrategy,
+             "spatial subdomains + ghost shell (short-range MPNNs, pair potentials)")
+    register(StrategyKind.SHARDED.value, ShardedStrategy,
+             "spatial ownership, owned rows only; reads of remote rows routed to their owners")
+    register(StrategyKind.GRAPH_PARTITION.value, GraphPartitionStrategy,
+             "replicated positions, node partition (models that build their own graph)")

@@ -13,7 +13,7 @@ Two kinds of hooks:
 * **Lookup hooks** are ``firstresult=True``: plugins are asked in turn and the first
   non-``None`` answer wins.
 
-Built-in models and presets register through these same hooks
+Built-in models, presets and strategies register through these same hooks
 (``mlipdd.builtin_plugin``), so the core gets no privileged back door.
 """
 
@@ -26,6 +26,7 @@ import pluggy
 
 if TYPE_CHECKING:  # only for annotations: keep this module import-light
     from mlipdd.models.base import ModelWrapper
+    from mlipdd.strategy.base import Strategy
 
 PROJECT_NAME = "mlipdd"
 
@@ -51,6 +52,12 @@ class RegisterSpecModule(Protocol):
     """Signature of the callback handed to :func:`mlipdd_register_spec_modules`."""
 
     def __call__(self, module_path: str) -> None: ...
+
+
+class RegisterStrategy(Protocol):
+    """Signature of the callback handed to :func:`mlipdd_register_strategies`."""
+
+    def __call__(self, name: str, strategy: type[Strategy], description: str = "") -> None: ...
 
 
 # ---------------------------------------------------------------------------
@@ -100,6 +107,25 @@ def mlipdd_register_spec_modules(register: RegisterSpecModule) -> None:
     harmless.
 
     :param register: callback ``(module_path: str) -> None``.
+    """
+
+
+@hookspec
+def mlipdd_register_strategies(register: RegisterStrategy) -> None:
+    """Register domain-decomposition strategies under a name.
+
+    Call ``register(name, strategy_cls, description="")`` once per strategy.
+    ``strategy_cls`` must subclass ``mlipdd.strategy.Strategy`` (an abstract base
+    class: ``from_config``, ``accepts``, ``partition``, ``prepare``, ``model_batch``,
+    ``consolidate``, optionally ``model_scope``); ``DomainConfig(strategy=name)``
+    then selects it and ``DistributedModel`` drives it. The built-in ``"halo"``,
+    ``"sharded"`` and ``"graph_partition"`` register through this hook too. A
+    strategy built on spatial ownership composes ``mlipdd.strategy.HaloPlanner``.
+
+    A name registered by two plugins raises ``DuplicateRegistrationError`` naming
+    both; a class that is not a ``Strategy`` subclass raises ``PluginError``.
+
+    :param register: callback ``(name: str, strategy_cls, description: str = "") -> None``.
     """
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "create_model",
     "get_plugin_manager",
     "get_preset",
+    "get_strategy",
     "hookimpl",
     "register_plugin",
     "registry",
@@ -75,6 +76,12 @@ class ModelEntry(NamedTuple):
     plugin: str
 
 
+class StrategyEntry(NamedTuple):
+    cls: type
+    description: str
+    plugin: str
+
+
 class PluginInfo(NamedTuple):
     name: str
     dist: str | None  # None for plugins registered by hand
@@ -93,6 +100,7 @@ class Registry:
     models: dict[str, ModelEntry] = field(default_factory=dict)
     presets: dict[str, object] = field(default_factory=dict)
     preset_plugins: dict[str, str] = field(default_factory=dict)
+    strategies: dict[str, StrategyEntry] = field(default_factory=dict)
     spec_modules: set[str] = field(default_factory=set)
     plugins: list[PluginInfo] = field(default_factory=list)
     failed: list[FailedPlugin] = field(default_factory=list)
@@ -240,6 +248,22 @@ def _build_registry(manager: pluggy.PluginManager) -> Registry:
 
         return register
 
+    def strategy_registrar(plugin: str):
+        def register(name: str, strategy: type, description: str = "") -> None:
+            from mlipdd.strategy.base import Strategy
+
+            _check_name("strategy", name, plugin)
+            if not (isinstance(strategy, type) and issubclass(strategy, Strategy)):
+                raise PluginError(
+                    f"plugin {plugin!r} registered strategy {name!r} as {strategy!r}, which is not a "
+                    "subclass of mlipdd.strategy.Strategy; subclass it and implement its abstract methods"
+                )
+            if name in reg.strategies:
+                _duplicate("strategy", name, reg.strategies[name].plugin, plugin)
+            reg.strategies[name] = StrategyEntry(strategy, description, plugin)
+
+        return register
+
     def spec_module_registrar(plugin: str):
         def register(module_path: str) -> None:
             if not isinstance(module_path, str) or not all(
@@ -256,6 +280,7 @@ def _build_registry(manager: pluggy.PluginManager) -> Registry:
     for hook_name, make_registrar in (
         ("mlipdd_register_models", model_registrar),
         ("mlipdd_register_presets", preset_registrar),
+        ("mlipdd_register_strategies", strategy_registrar),
         ("mlipdd_register_spec_modules", spec_module_registrar),
     ):
         # Call each implementation ourselves (in registration order) rather than through
@@ -282,6 +307,7 @@ def _build_registry(manager: pluggy.PluginManager) -> Registry:
     reg.models = {n: e for n, e in reg.models.items() if e.plugin not in broken}
     reg.presets = {n: s for n, s in reg.presets.items() if reg.preset_plugins[n] not in broken}
     reg.preset_plugins = {n: p for n, p in reg.preset_plugins.items() if p not in broken}
+    reg.strategies = {n: e for n, e in reg.strategies.items() if e.plugin not in broken}
     reg.plugins = list(_plugin_info.values())
     reg.failed = list(_load_failures)
     return reg
@@ -349,6 +375,14 @@ def get_preset(name: str) -> object:
     if name not in reg.presets:
         raise UnknownNameError(_unknown_message("preset", name, reg.presets, reg))
     return reg.presets[name]
+
+
+def get_strategy(name: str) -> type:
+    """The strategy class registered as ``name`` (``"halo"``, ``"sharded"``, a plugin's)."""
+    reg = registry()
+    if name not in reg.strategies:
+        raise UnknownNameError(_unknown_message("strategy", name, reg.strategies, reg))
+    return reg.strategies[name].cls
 
 
 def _unknown_message(kind: str, name: str, known: dict, reg: Registry) -> str:

@@ -19,10 +19,18 @@ def add_parser(subparsers) -> None:
     parser.add_argument(
         "--strict", action="store_true", help="exit with status 1 if any plugin failed to load"
     )
+    parser.add_argument(
+        "--handlers", action="store_true",
+        help="list the ShardTensor dispatch rules in the order they apply (layout, ops, what they do)",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.handlers:
+        rules = handler_rows()
+        print(json.dumps(rules, indent=2) if args.json else format_handlers(rules))
+        return 0
     reg = plugins.registry()
     if args.json:
         print(json.dumps(as_dict(reg), indent=2))
@@ -40,6 +48,10 @@ def as_dict(reg: plugins.Registry) -> dict:
             for name, entry in sorted(reg.models.items())
         },
         "presets": {name: reg.preset_plugins[name] for name in sorted(reg.presets)},
+        "strategies": {
+            name: {"plugin": entry.plugin, "description": entry.description, "class": _qualname(entry.cls)}
+            for name, entry in sorted(reg.strategies.items())
+        },
         "spec_modules": sorted(reg.spec_modules),
         "failed": [failure._asdict() for failure in reg.failed],
     }
@@ -63,9 +75,38 @@ def format_text(reg: plugins.Registry) -> str:
         lines.append(f"  {name}  [{reg.preset_plugins[name]}]")
     if not reg.presets:
         lines.append("  (none)")
+    lines.append("Strategies:")
+    for name, entry in sorted(reg.strategies.items()):
+        description = f"  {entry.description}" if entry.description else ""
+        lines.append(f"  {name:<{width}}  [{entry.plugin}]{description}")
+    if not reg.strategies:
+        lines.append("  (none)")
     lines.append(f"Spec modules: {', '.join(sorted(reg.spec_modules)) or '(none)'}")
     if reg.failed:
         lines.append("Failed plugins (skipped):")
         for failure in reg.failed:
             lines.append(f"  {failure.name}: {failure.error}")
+    return "\n".join(lines)
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def handler_rows() -> list[dict]:
+    """The dispatch rules in the order the dispatch tries them (NOTE [precedence])."""
+    from mlipdd.shard import rules_in_order
+
+    return [
+        {"name": rule.name, "layout": rule.layout.__name__, "ops": rule.op_names(), "does": rule.describe()}
+        for rule in rules_in_order()
+    ]
+
+
+def format_handlers(rules: list[dict]) -> str:
+    lines = ["ShardTensor dispatch rules, in the order they apply (first accepting rule wins;",
+             "layout 'Layout' = every layout; mlipdd.shard.registry.PRECEDENCE states the order):"]
+    for i, rule in enumerate(rules, 1):
+        lines.append(f"  {i:>2}. {rule['name']:<26} [{rule['layout']}] {rule['does']}")
+        lines.append(f"      ops: {', '.join(rule['ops'])}")
     return "\n".join(lines)

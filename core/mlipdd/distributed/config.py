@@ -14,16 +14,18 @@ __all__ = ["DomainConfig", "StrategyKind"]
 class DomainConfig:
     """``cutoff``: the model's interaction cutoff; ``skin``: Verlet skin (the halo is
     ``cutoff + skin`` wide and is rebuilt when an atom has moved ``skin / 2``);
-    ``grid``: rank grid ``(gx, gy, gz)`` or None to choose the one with least halo."""
+    ``grid``: rank grid ``(gx, gy, gz)`` or None to choose the one with least halo;
+    ``strategy``: a `StrategyKind` or the name of a strategy a plugin registered
+    (``mlipdd_register_strategies``)."""
 
     cutoff: float
     skin: float = 0.5
-    strategy: StrategyKind = StrategyKind.HALO
+    strategy: StrategyKind | str = StrategyKind.HALO
     grid: tuple[int, int, int] | None = None
     compile: bool = False
 
     def __post_init__(self) -> None:
-        self.strategy = StrategyKind(self.strategy)
+        self.strategy = _strategy_name(self.strategy)
         if not self.cutoff > 0:
             raise InputError(f"DomainConfig.cutoff must be positive, got {self.cutoff}; use the model's cutoff")
         if self.skin < 0:
@@ -34,3 +36,27 @@ class DomainConfig:
     @property
     def halo_width(self) -> float:
         return self.cutoff + self.skin
+
+    @property
+    def strategy_name(self) -> str:
+        return self.strategy.value if isinstance(self.strategy, StrategyKind) else self.strategy
+
+
+def _strategy_name(value) -> StrategyKind | str:
+    """A built-in strategy as its `StrategyKind`, a registered plugin strategy as its name."""
+    if isinstance(value, StrategyKind):
+        return value
+    try:
+        return StrategyKind(value)
+    except ValueError:
+        pass
+    from mlipdd.plugins import registry  # the registry sits above the layers it fills
+
+    known = registry().strategies
+    if not isinstance(value, str) or value not in known:
+        raise InputError(
+            f"DomainConfig.strategy {value!r} is not a registered strategy; use one of "
+            f"{sorted(known)} (`mlipdd plugins` lists them), or install / register the plugin "
+            "that provides it (hook mlipdd_register_strategies)"
+        )
+    return value

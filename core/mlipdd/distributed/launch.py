@@ -196,7 +196,7 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
     )
     summary.update(
         ranks=manager.world_size,
-        strategy=str(config.strategy.value),
+        strategy=config.strategy_name,
         grid="x".join(str(g) for g in grid) if grid else "auto",
         atoms_conserved=bool(conserved),
         max_force_diff_eV_per_A=force_diff,

@@ -8,8 +8,6 @@ already replicated, partial stress summed).
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import nn
 
@@ -21,7 +19,7 @@ from mlipdd.spec.patching import installed
 from mlipdd.strategy import strategy_for
 
 
-def resolve_spec(model, strategy: StrategyKind, spec=None):
+def resolve_spec(model, strategy: StrategyKind | str, spec=None):
     """The spec to run under: given, the wrapper's own, or the MPNN halo default."""
     if spec is None:
         spec = model.distribution_spec(strategy)
@@ -55,7 +53,7 @@ class DistributedModel(nn.Module):
         policy = self.spec.distribution.policy
         if not strategy_cls.accepts(policy):
             raise InputError(
-                f"the spec's policy {type(policy).__name__} does not fit the {config.strategy.value} "
+                f"the spec's policy {type(policy).__name__} does not fit the {config.strategy_name} "
                 "strategy; use a spec made for it or choose the matching DomainConfig.strategy"
             )
         if config.cutoff < model.cutoff - 1e-12:
@@ -86,19 +84,12 @@ class DistributedModel(nn.Module):
             model_batch, meta = self.strategy.model_batch(batch, self.spec)
             self.last_padded = model_batch
             with installed(self.spec), activated(self.spec, row_ids=model_batch.atom_ids), \
-                    _model_scope(self.strategy, meta):
+                    self.strategy.model_scope(meta):
                 outputs = self.model(model_batch, compute_stress=compute_stress)
             autograd_outputs = getattr(self.model.model_config, "autograd_outputs", frozenset())
             result = self.strategy.consolidate(outputs, meta, self.spec, autograd_outputs)
             agree_on_errors(_check_outputs(result), self.group)
             return result
-
-
-def _model_scope(strategy, meta):
-    """The strategy's optional context around the model forward (graph partition publishes
-    its node partition there); a no-op for strategies without one."""
-    scope = getattr(strategy, "model_scope", None)
-    return scope(meta) if scope is not None else contextlib.nullcontext()
 
 
 def _check_positions(batch: Batch) -> None:

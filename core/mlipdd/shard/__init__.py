@@ -1,7 +1,11 @@
 """ShardTensor and the dispatch machinery (knows nothing of models or dynamics)."""
 
-from mlipdd.shard import handlers as _handlers  # noqa: F401  (fills the registry)
-from mlipdd.shard import sharded_handlers as _sharded_handlers  # noqa: F401  (sharded storage rules)
+# The modules that register dispatch rules (their order is PRECEDENCE's, not this one).
+from mlipdd.shard import custom_ops as _custom_ops  # noqa: F401
+from mlipdd.shard import handlers as _handlers  # noqa: F401
+from mlipdd.shard import owned_rows as _owned_rows  # noqa: F401
+from mlipdd.shard import replicated as _replicated  # noqa: F401
+from mlipdd.shard import sharded_handlers as _sharded_handlers  # noqa: F401
 from mlipdd.shard.exchange import (
     ExchangePlan,
     all_reduce_sum,
@@ -11,15 +15,23 @@ from mlipdd.shard.exchange import (
     halo_fill,
     pad,
 )
-from mlipdd.shard.registry import FIRED, register
+from mlipdd.shard.layouts import GraphPartition, Halo, Layout, Replicated, Sharded
+from mlipdd.shard.registry import ANY_OP, FIRED, PRECEDENCE, register, rules_in_order
 from mlipdd.shard.tensor import DroppedScatterResultError, ShardMeta, ShardTensor, local
 
 __all__ = [
+    "ANY_OP",
     "FIRED",
+    "PRECEDENCE",
     "DroppedScatterResultError",
     "ExchangePlan",
+    "GraphPartition",
+    "Halo",
+    "Layout",
+    "Replicated",
     "ShardMeta",
     "ShardTensor",
+    "Sharded",
     "all_reduce_sum",
     "all_to_all_rows",
     "halo_accumulate",
@@ -28,4 +40,5 @@ __all__ = [
     "local",
     "pad",
     "register",
+    "rules_in_order",
 ]

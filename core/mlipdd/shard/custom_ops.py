@@ -49,7 +49,8 @@ import torch
 from mlipdd.comm import group_size
 from mlipdd.shard import registry
 from mlipdd.shard.exchange import all_reduce_sum, all_to_all_rows, halo_correct, pad
-from mlipdd.shard.replicated import ReplicatedMeta, is_replicated, replicated, to_rows
+from mlipdd.shard.layouts import Layout
+from mlipdd.shard.replicated import is_replicated, replicated, to_rows
 from mlipdd.shard.tensor import ShardMeta, ShardTensor, local
 from mlipdd.spec.transforms import (
     AllReduceSum,
@@ -174,7 +175,17 @@ def _row_layout(meta: ShardMeta, args: list, kwargs: dict) -> ShardMeta:
     for value in (*args, *kwargs.values()):
         if isinstance(value, ShardTensor) and not is_replicated(value):
             return value._meta
-    return meta.rows if isinstance(meta, ReplicatedMeta) else meta
+    return meta.as_rows()
+
+
+def _has_adapter(func: Any, meta: ShardMeta, args: tuple, kwargs: dict) -> bool:
+    return adapter_for(func) is not None
+
+
+@registry.register(Layout, registry.ANY_OP, name="op_adapter", predicate=_has_adapter)
+def adapted_op(func: Any, meta: ShardMeta, args: tuple, kwargs: dict) -> Any:
+    """An opaque custom op with an OpAdapter in the spec: its transforms around the call."""
+    return call_adapted(adapter_for(func), func, meta, args, kwargs)
 
 
 def call_adapted(adapter: Any, func: Any, meta: ShardMeta, args: tuple, kwargs: dict) -> Any:
@@ -184,10 +195,11 @@ def call_adapted(adapter: Any, func: Any, meta: ShardMeta, args: tuple, kwargs: 
     args, kwargs = _positional(func, args, kwargs)
     meta = _row_layout(meta, args, kwargs)
     where = f"OpAdapter({adapter.qualified_name})"
-    if type(meta) is not ShardMeta:
+    if not meta.layout.is_halo():
         raise NotImplementedError(
             f"{where}: OpAdapter transforms are implemented for halo storage only, and this model "
-            f"runs with {type(meta).__name__}; run it with the halo strategy (HaloStoragePolicy)"
+            f"runs with {type(meta.layout).__name__} storage; run it with the halo strategy "
+            "(HaloStoragePolicy)"
         )
     for position in adapter.arg_transforms:
         if position >= len(args):

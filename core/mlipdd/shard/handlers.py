@@ -1,7 +1,9 @@
-"""Dispatch handlers for halo storage: scatters, per-system reductions, sums, gathers.
+"""Dispatch rules for halo storage (`Halo` layout): scatters, per-system reductions,
+sums, gathers; plus the scatter-call parsing the other layouts' rules share.
 
 Each handler receives ``(func, meta, args, kwargs)`` and computes on plain tensors
-(`local`), so nothing in here re-enters the dispatch.
+(`local`), so nothing in here re-enters the dispatch. Which rule wins is stated in
+`mlipdd.shard.registry.PRECEDENCE`.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from mlipdd.shard.exchange import all_reduce_sum, halo_correct
+from mlipdd.shard.layouts import Halo
 from mlipdd.shard.registry import register
-from mlipdd.shard.replicated import MIXING_OPS, enter_rows, mixes_replicated_and_rows, replicated
+from mlipdd.shard.replicated import replicated
 from mlipdd.shard.tensor import ShardMeta, ShardTensor, local, poison
 
 
@@ -95,12 +98,12 @@ def _target_rows(args, kwargs) -> tuple[int, int]:
     return dim, target.shape[dim]
 
 
-def _is_node_scatter(meta: ShardMeta, args, kwargs) -> bool:
+def _is_node_scatter(func, meta: ShardMeta, args, kwargs) -> bool:
     dim, rows = _target_rows(args, kwargs)
-    return dim == 0 and rows == meta.n_padded and meta.scatter_rule == "halo_correction"
+    return dim == 0 and rows == meta.n_padded and meta.layout.correct_scatters
 
 
-def _is_system_scatter(meta: ShardMeta, args, kwargs) -> bool:
+def _is_system_scatter(func, meta: ShardMeta, args, kwargs) -> bool:
     dim, rows = _target_rows(args, kwargs)
     return dim == 0 and rows == meta.n_systems and meta.system_reductions
 
@@ -111,7 +114,7 @@ def _finish(call: ScatterCall, result: torch.Tensor) -> torch.Tensor:
     return result
 
 
-@register(*SCATTER_OPS, predicate=_is_node_scatter, name="halo_scatter")
+@register(Halo, *SCATTER_OPS, predicate=_is_node_scatter, name="halo_scatter")
 def halo_scatter(func, meta: ShardMeta, args, kwargs):
     """Scatter into ``[owned | ghost]`` rows: local partials, then reverse + forward exchange."""
     call = _parse(func, args, kwargs)
@@ -134,7 +137,7 @@ def _counted_rows(meta: ShardMeta, rows: int, what: str) -> slice:
     )
 
 
-@register(*SCATTER_OPS, predicate=_is_system_scatter, name="per_system_reduce")
+@register(Halo, *SCATTER_OPS, predicate=_is_system_scatter, name="per_system_reduce")
 def per_system_reduce(func, meta: ShardMeta, args, kwargs):
     """Scatter into one slot per system: owned rows locally, then all_reduce (replicated)."""
     call = _parse(func, args, kwargs)
@@ -154,7 +157,7 @@ def _sum_dims(args, kwargs):
     return tuple(d + x.dim() if d < 0 else d for d in dims)
 
 
-def _is_row_sum(meta: ShardMeta, args, kwargs) -> bool:
+def _is_row_sum(func, meta: ShardMeta, args, kwargs) -> bool:
     x = args[0] if args else kwargs.get("input")
     if not isinstance(x, ShardTensor) or x.dim() == 0 or not meta.system_reductions:
         return False
@@ -162,7 +165,7 @@ def _is_row_sum(meta: ShardMeta, args, kwargs) -> bool:
     return (dims is None or 0 in dims) and meta.row_kind(x.shape[0]) != "other"
 
 
-@register(torch.Tensor.sum, torch.sum, predicate=_is_row_sum, name="global_sum")
+@register(Halo, torch.Tensor.sum, torch.sum, predicate=_is_row_sum, name="global_sum")
 def global_sum(func, meta: ShardMeta, args, kwargs):
     """A sum over atoms or edges: counted rows locally, then all_reduce (replicated)."""
     x = local(args[0])
@@ -178,20 +181,15 @@ def global_sum(func, meta: ShardMeta, args, kwargs):
     return all_reduce_sum(partial, meta.group)
 
 
-def _is_halo_read(meta: ShardMeta, args, kwargs) -> bool:
+def _is_halo_read(func, meta: ShardMeta, args, kwargs) -> bool:
     x = args[0] if args else None
     return isinstance(x, ShardTensor) and x.dim() > 0 and x.shape[0] == meta.n_padded
 
 
-@register(torch.Tensor.index_select, torch.index_select, torch.Tensor.__getitem__,
+@register(Halo, torch.Tensor.index_select, torch.index_select, torch.Tensor.__getitem__,
           predicate=_is_halo_read, name="halo_read")
 def halo_read(func, meta: ShardMeta, args, kwargs):
     """Reading atom rows: ghost rows are kept current by the scatters, so this stays local."""
     with torch._C.DisableTorchFunctionSubclass():
         out = func(*args, **kwargs)
     return ShardTensor.wrap(out, meta) if isinstance(out, torch.Tensor) else out
-
-
-# A replicated per-system value read per atom or per edge: sum its gradient over ranks
-# (NOTE [replicated gradients] in replicated.py). Ahead of the rules above.
-register(*MIXING_OPS, predicate=mixes_replicated_and_rows, name="replicated_to_rows", first=True)(enter_rows)

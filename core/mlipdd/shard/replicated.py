@@ -14,13 +14,13 @@ meets atom or edge rows, so a model never writes it.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.distributed as dist
 
 from mlipdd.comm import group_size
-from mlipdd.shard.tensor import FALLBACKS, ShardMeta, ShardTensor, local, promote
+from mlipdd.shard.layouts import Layout
+from mlipdd.shard.registry import ANY_OP, register
+from mlipdd.shard.tensor import ShardMeta, ShardTensor, local, promote
 from mlipdd.shard.tensor import _iter_tensors as _tensors
 
 
@@ -45,47 +45,14 @@ def to_rows(value: torch.Tensor, group=None) -> torch.Tensor:
     return _ReplicatedToRows.apply(value, group)
 
 
-@dataclasses.dataclass(frozen=True)
-class ReplicatedMeta(ShardMeta):
-    """Metadata of a value every rank holds whole; ``rows`` is the layout it came from.
-
-    It has no atom or edge rows, never reduces again and never halo-corrects, so every
-    halo rule declines it; the only rule that acts on it is the row boundary below.
-    """
-
-    rows: ShardMeta | None = dataclasses.field(default=None, compare=False)
-
-    @property
-    def n_padded(self) -> int:
-        return -1
-
-    def row_kind(self, rows: int) -> str:
-        return "other"
-
-
 def replicated(value: torch.Tensor, meta: ShardMeta) -> ShardTensor:
     """Mark the result of a cross-rank reduction as replicated."""
-    if isinstance(meta, ReplicatedMeta):
-        return ShardTensor.wrap(value, meta)
-    rep = ReplicatedMeta(
-        plan=meta.plan, n_systems=meta.n_systems, n_edges=meta.n_edges, scatter_rule="local",
-        gather_rule="local", system_reductions=False, group=meta.group, rows=meta,
-    )
-    return ShardTensor.wrap(value, rep)
+    return ShardTensor.wrap(value, meta.as_replicated())
 
 
 def is_replicated(t) -> bool:
-    """Held whole by every rank: a `ReplicatedMeta`, or a layout's own replicated flag
-    (sharded storage marks its per-system results with ``meta.replicated``)."""
-    if not isinstance(t, ShardTensor):
-        return False
-    meta = t._meta
-    return isinstance(meta, ReplicatedMeta) or bool(getattr(meta, "replicated", False))
-
-
-def _source_rows(meta: ShardMeta) -> ShardMeta:
-    """The row layout a replicated value came from."""
-    return meta.rows if isinstance(meta, ReplicatedMeta) else meta.as_rows()
+    """Held whole by every rank (a ShardTensor of `Replicated` layout)."""
+    return isinstance(t, ShardTensor) and t._meta.layout.is_replicated()
 
 
 def _rows_layout(args, kwargs) -> ShardMeta | None:
@@ -95,11 +62,11 @@ def _rows_layout(args, kwargs) -> ShardMeta | None:
         if isinstance(t, ShardTensor):
             if not is_replicated(t):
                 return t._meta
-            source = source or _source_rows(t._meta)
+            source = source or t._meta.as_rows()
     return source
 
 
-def mixes_replicated_and_rows(meta, args, kwargs) -> bool:
+def mixes_replicated_and_rows(func, meta, args, kwargs) -> bool:
     """A replicated tensor next to atom/edge rows (a rows ShardTensor, or a plain index or
     operand whose length is the number of atom or edge rows)."""
     tensors = list(_tensors(args, kwargs))
@@ -116,6 +83,17 @@ def mixes_replicated_and_rows(meta, args, kwargs) -> bool:
     return False
 
 
+MIXING_OPS = (
+    torch.Tensor.__add__, torch.Tensor.__radd__, torch.Tensor.__sub__, torch.Tensor.__rsub__,
+    torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.Tensor.__truediv__, torch.Tensor.__rtruediv__,
+    torch.Tensor.add, torch.Tensor.sub, torch.Tensor.mul, torch.Tensor.div,
+    torch.add, torch.sub, torch.mul, torch.div, torch.where,
+    torch.Tensor.__getitem__, torch.Tensor.index_select, torch.index_select,
+)
+
+
+@register(Layout, *MIXING_OPS, name="replicated_to_rows", predicate=mixes_replicated_and_rows,
+          doc="A replicated value read per atom or edge: to_rows (gradient summed over ranks), then the op.")
 def enter_rows(func, meta, args, kwargs):
     """Run ``func`` with every replicated input passed through `to_rows`."""
     layout = _rows_layout(args, kwargs)
@@ -134,17 +112,12 @@ def enter_rows(func, meta, args, kwargs):
     return promote(out, layout)
 
 
-MIXING_OPS = (
-    torch.Tensor.__add__, torch.Tensor.__radd__, torch.Tensor.__sub__, torch.Tensor.__rsub__,
-    torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.Tensor.__truediv__, torch.Tensor.__rtruediv__,
-    torch.Tensor.add, torch.Tensor.sub, torch.Tensor.mul, torch.Tensor.div,
-    torch.add, torch.sub, torch.mul, torch.div, torch.where,
-    torch.Tensor.__getitem__, torch.Tensor.index_select, torch.index_select,
-)
+# Calls that take tensors but compute nothing row-wise from them (autograd drivers).
+_NOT_MATH = {torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward}
 
 
-def row_boundary(func, meta, args, kwargs):
-    """The row boundary for ANY op (einsum, matmul, bmm, ...), not just the listed ones.
+def meets_rows_in_any_op(func, meta, args, kwargs) -> bool:
+    """The row boundary for ANY op (einsum, matmul, bmm, ...), not just `MIXING_OPS`.
 
     # NOTE [no per-row tensor marked replicated]
     Without this, an op outside `MIXING_OPS` that combines a replicated tensor with
@@ -153,14 +126,9 @@ def row_boundary(func, meta, args, kwargs):
     length differs between ranks, a collective mismatch. Checking every op costs a scan
     of its arguments, and only while a replicated tensor is involved.
     """
-    if func in _NOT_MATH or not any(is_replicated(t) for t in _tensors(args, kwargs)):
-        return NotImplemented
-    if not mixes_replicated_and_rows(meta, args, kwargs):
-        return NotImplemented
-    return enter_rows(func, meta, args, kwargs)
+    return func not in _NOT_MATH and mixes_replicated_and_rows(func, meta, args, kwargs)
 
 
-# Calls that take tensors but compute nothing row-wise from them (autograd drivers).
-_NOT_MATH = {torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward}
-
-FALLBACKS.append(row_boundary)
+register(Layout, ANY_OP, name="row_boundary", predicate=meets_rows_in_any_op,
+         doc="A replicated value meeting atom/edge rows in any other op (einsum, matmul): to_rows, then the op.")(
+    enter_rows)

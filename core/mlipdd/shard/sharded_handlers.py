@@ -7,7 +7,8 @@ addresses ``[owned rows | request table]``: ``i < n_owned`` is an owned row and
 `ExchangePlan` (``meta.plan``) built once per neighbour-list rebuild: one row per
 remote atom, grouped by owner, so the owners know which of their rows to send.
 
-The rules (they accept only `ShardedMeta`, and go ahead of the halo rules):
+The rules (registered for the `Sharded` layout; their order is stated in
+`mlipdd.shard.registry.PRECEDENCE`):
 
 * a gather of node rows by an integer index (``x[idx]``, ``index_select``) routes:
   owners send the requested rows over ``all_to_all_single``, the reader indexes
@@ -18,7 +19,8 @@ The rules (they accept only `ShardedMeta`, and go ahead of the halo rules):
 * a scatter into one row per system, or a sum over atoms or edges, is a local sum plus
   an ``all_reduce``; the result is *replicated* (see the NOTE below);
 * a replicated value read per atom or per edge (``lam[batch.batch]``, ``chi - lam``)
-  enters the per-rank rows through an identity whose backward is an ``all_reduce``.
+  enters the per-rank rows through an identity whose backward is an ``all_reduce``
+  (the row boundary of every layout, `mlipdd.shard.replicated`).
 
 # NOTE [replicated gradients]
 A replicated tensor ``S`` (say the Lagrange multiplier of charge equilibration, one
@@ -38,57 +40,20 @@ holds: a rank whose index happens to point only at owned rows still takes part.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-
 import torch
 
 from mlipdd.shard.exchange import all_reduce_sum, halo_accumulate, pad
 from mlipdd.shard.handlers import SCATTER_OPS, _finish, _parse, _sum_dims, _target_rows
+from mlipdd.shard.layouts import Sharded
 from mlipdd.shard.registry import register
-from mlipdd.shard.replicated import is_replicated, to_rows
+from mlipdd.shard.replicated import to_rows
 from mlipdd.shard.tensor import ShardMeta, ShardTensor, local
 
-__all__ = ["ShardedMeta", "routed_gather", "to_rows"]
+__all__ = ["routed_gather", "to_rows"]
 
 
-@dataclass(frozen=True)
-class ShardedMeta(ShardMeta):
-    """Rows of a sharded tensor. ``plan`` is the request table (its ghosts = remote reads).
-
-    ``global_ids`` are the atom ids of the owned rows and ``remote_ids`` those of the
-    request-table rows. ``replicated`` marks a per-system result that every rank holds
-    whole (energy, a Lagrange multiplier), whose rows are not atoms.
-    """
-
-    global_ids: torch.Tensor | None = field(default=None, compare=False)
-    remote_ids: torch.Tensor | None = field(default=None, compare=False)
-    replicated: bool = False
-
-    @property
-    def n_padded(self) -> int:
-        # node tensors hold owned rows only; a replicated tensor has no node rows at all
-        return -1 if self.replicated else self.plan.n_owned
-
-    @property
-    def n_remote(self) -> int:
-        return self.plan.n_ghost
-
-    def row_kind(self, rows: int) -> str:
-        return "other" if self.replicated else super().row_kind(rows)
-
-    def as_replicated(self) -> ShardedMeta:
-        # system_reductions off: a replicated value is never summed over ranks again
-        return dataclasses.replace(self, replicated=True, system_reductions=False)
-
-    def as_rows(self) -> ShardedMeta:
-        if not self.replicated:
-            return self
-        return dataclasses.replace(self, replicated=False, system_reductions=True)
-
-
-def _rows_meta(meta) -> bool:
-    return isinstance(meta, ShardedMeta) and not meta.replicated
+def _sharded_rows(meta) -> bool:
+    return meta is not None and meta.layout.is_sharded()
 
 
 def _meta_of(t) -> ShardMeta | None:
@@ -123,25 +88,20 @@ def _gather_index(func, args, kwargs):
     return key if _is_int_rows(key) else None
 
 
-def _row_gather_predicate(func):
-    """Accepts ``func`` reading node rows of a sharded tensor by an integer index."""
-
-    def predicate(meta, args, kwargs) -> bool:
-        x = args[0] if args else None
-        return (
-            _rows_meta(_meta_of(x))
-            and x._meta.gather_rule == "distributed"
-            and x.dim() > 0
-            and x.shape[0] == x._meta.n_owned
-            and _gather_index(func, args, kwargs) is not None
-        )
-
-    return predicate
+def _is_row_gather(func, meta, args, kwargs) -> bool:
+    """``func`` reads node rows of a sharded tensor by an integer index."""
+    x = args[0] if args else None
+    return (
+        _sharded_rows(_meta_of(x))
+        and x._meta.layout.route_gathers
+        and x.dim() > 0
+        and x.shape[0] == x._meta.n_owned
+        and _gather_index(func, args, kwargs) is not None
+    )
 
 
-_GATHERS = (torch.Tensor.index_select, torch.index_select, torch.Tensor.__getitem__)
-
-
+@register(Sharded, torch.Tensor.index_select, torch.index_select, torch.Tensor.__getitem__,
+          predicate=_is_row_gather, name="sharded_gather")
 def _gather(func, meta, args, kwargs):
     """Owned rows + rows fetched from their owners, indexed like one process would."""
     x = args[0]
@@ -152,33 +112,25 @@ def _gather(func, meta, args, kwargs):
     return ShardTensor.wrap(routed_gather(local(x), x._meta.plan, func, *rest, **kwargs), x._meta)
 
 
-for _op in _GATHERS:
-    register(_op, predicate=_row_gather_predicate(_op), name="sharded_gather", first=True)(_gather)
-
-
 # ---- reductions to replicated values -------------------------------------------------
-# NOTE [ambiguous rows]: the system rule is registered before the node rule so that,
-# both being put first, the node rule is tried first (as for halo storage); the
-# strategy refuses layouts where a rank owns exactly as many atoms as there are
-# systems, because the two scatters could then not be told apart by shape.
-def _is_system_scatter(meta, args, kwargs) -> bool:
-    if not isinstance(meta, ShardedMeta):
+# NOTE [ambiguous rows]: the node rule goes ahead of the system rule (as for halo
+# storage, see PRECEDENCE); the strategy refuses layouts where a rank owns exactly as
+# many atoms as there are systems, because the two scatters could then not be told
+# apart by shape.
+def _is_system_scatter(func, meta, args, kwargs) -> bool:
+    if not _sharded_rows(meta) or not meta.system_reductions:
         return False
     dim, rows = _target_rows(args, kwargs)
-    return dim == 0 and rows == meta.n_systems and (meta.replicated or meta.system_reductions)
+    return dim == 0 and rows == meta.n_systems
 
 
-@register(*SCATTER_OPS, predicate=_is_system_scatter, name="sharded_per_system_reduce", first=True)
-def sharded_per_system_reduce(func, meta: ShardedMeta, args, kwargs):
+@register(Sharded, *SCATTER_OPS, predicate=_is_system_scatter, name="sharded_per_system_reduce")
+def sharded_per_system_reduce(func, meta: ShardMeta, args, kwargs):
     """Scatter into one row per system: local partial (every row is owned), then all_reduce."""
     call = _parse(func, args, kwargs)
     base = local(call.target)
     src_meta = _meta_of(call.src)
-    if is_replicated(call.src):
-        # replicated in, replicated out: every rank already holds the whole value
-        out = call.scatter_into(base, local(call.index), local(call.src))
-        return _finish(call, ShardTensor.wrap(out, src_meta))
-    rows_meta = src_meta if _rows_meta(src_meta) else meta.as_rows()
+    rows_meta = src_meta if _sharded_rows(src_meta) else meta
     if rows_meta.row_kind(call.src.shape[0]) == "other":
         raise RuntimeError(
             f"{call.name} into per-system rows: cannot tell whether the {call.src.shape[0]} source "
@@ -187,19 +139,19 @@ def sharded_per_system_reduce(func, meta: ShardedMeta, args, kwargs):
         )
     partial = call.scatter_into(torch.zeros_like(base), local(call.index), local(call.src))
     total = base + all_reduce_sum(partial, meta.group)
-    return _finish(call, ShardTensor.wrap(total, rows_meta.as_replicated()))
+    return _finish(call, ShardTensor.wrap(total, meta.as_replicated()))
 
 
 # ---- scatters into node rows ------------------------------------------------------------
-def _is_node_scatter(meta, args, kwargs) -> bool:
-    if not _rows_meta(meta) or meta.scatter_rule != "distributed":
+def _is_node_scatter(func, meta, args, kwargs) -> bool:
+    if not _sharded_rows(meta) or not meta.layout.route_scatters:
         return False
     dim, rows = _target_rows(args, kwargs)
     return dim == 0 and rows == meta.n_owned
 
 
-@register(*SCATTER_OPS, predicate=_is_node_scatter, name="sharded_scatter", first=True)
-def sharded_scatter(func, meta: ShardedMeta, args, kwargs):
+@register(Sharded, *SCATTER_OPS, predicate=_is_node_scatter, name="sharded_scatter")
+def sharded_scatter(func, meta: ShardMeta, args, kwargs):
     """Scatter into owned rows; contributions to request-table rows go to their owners."""
     call = _parse(func, args, kwargs)
     base = local(call.target)
@@ -209,24 +161,19 @@ def sharded_scatter(func, meta: ShardedMeta, args, kwargs):
     return _finish(call, ShardTensor.wrap(out, meta))
 
 
-def _is_row_sum(meta, args, kwargs) -> bool:
+def _is_row_sum(func, meta, args, kwargs) -> bool:
     x = args[0] if args else kwargs.get("input")
-    if not _rows_meta(_meta_of(x)) or x.dim() == 0 or not meta.system_reductions:
+    if not _sharded_rows(_meta_of(x)) or x.dim() == 0 or not meta.system_reductions:
         return False
     dims = _sum_dims(args, kwargs)
     return (dims is None or 0 in dims) and meta.row_kind(x.shape[0]) != "other"
 
 
-@register(torch.Tensor.sum, torch.sum, predicate=_is_row_sum, name="sharded_global_sum", first=True)
-def sharded_global_sum(func, meta: ShardedMeta, args, kwargs):
+@register(Sharded, torch.Tensor.sum, torch.sum, predicate=_is_row_sum, name="sharded_global_sum")
+def sharded_global_sum(func, meta: ShardMeta, args, kwargs):
     """A sum over atoms or edges: local partial, then all_reduce; replicated result."""
     x = local(args[0])
     rest = {k: v for k, v in kwargs.items() if k != "input"}
     with torch._C.DisableTorchFunctionSubclass():
         partial = torch.sum(x, *args[1:], **rest)
     return ShardTensor.wrap(all_reduce_sum(partial, meta.group), meta.as_replicated())
-
-
-# ---- replicated values entering per-rank rows ----------------------------------------
-# Handled for every layout by the row boundary in shard/replicated.py (to_rows), which
-# reads this layout's ``replicated`` flag.

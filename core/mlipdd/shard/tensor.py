@@ -1,15 +1,17 @@
 """`ShardTensor`: a torch.Tensor subclass whose dispatch performs the cross-rank work.
 
 The data is this rank's rows, plain and zero-copy; the metadata (`ShardMeta`) says
-what the rows are (``[owned | ghost]`` for halo storage), how to exchange them
-(`ExchangePlan`) and which rules the model's spec chose. On every torch op with a
-ShardTensor argument, `__torch_function__` asks the registry for a handler (scatter
-into node rows -> halo correction, per-system scatter -> local sum + all_reduce, ...)
-and otherwise runs the op as usual and re-attaches the metadata to the outputs.
+what the rows are (its `Layout`: ``[owned | ghost]`` for halo storage, owned rows for
+sharded storage, ...) and how to exchange them (`ExchangePlan`). On every torch op
+with a ShardTensor argument, `__torch_function__` asks the registry for the rule of
+the call's layout and op (scatter into node rows -> halo correction, per-system
+scatter -> local sum + all_reduce, ...; NOTE [precedence] in ``registry``) and
+otherwise runs the op as usual and re-attaches the metadata to the outputs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from dataclasses import dataclass, field
 
@@ -17,6 +19,7 @@ import torch
 
 from mlipdd.shard import registry
 from mlipdd.shard.exchange import ExchangePlan
+from mlipdd.shard.layouts import HALO, Layout, Replicated
 
 
 @dataclass(frozen=True)
@@ -26,9 +29,7 @@ class ShardMeta:
     plan: ExchangePlan
     n_systems: int
     n_edges: int = -1  # rows of edge-shaped tensors (each edge lives on one rank)
-    scatter_rule: str = "halo_correction"  # or "local"
-    gather_rule: str = "halo_read"  # or "local"
-    system_reductions: bool = True
+    layout: Layout = HALO
     group: object = None
     notes: dict = field(default_factory=dict, compare=False)
 
@@ -38,15 +39,34 @@ class ShardMeta:
 
     @property
     def n_padded(self) -> int:
-        return self.plan.n_padded
+        """Rows of a per-atom (node) tensor in this layout; -1 when it has none."""
+        return self.layout.node_rows(self.plan)
+
+    @property
+    def system_reductions(self) -> bool:
+        return self.layout.system_reductions
 
     def row_kind(self, rows: int) -> str:
-        """``node`` ([owned | ghost] rows), ``edge`` (unique rows) or ``other``."""
+        """``node`` (per-atom rows of this layout), ``edge`` (unique rows) or ``other``."""
+        if self.layout.is_replicated():
+            return "other"
         if rows == self.n_padded:
             return "node"
         if rows == self.n_edges:
             return "edge"
         return "other"
+
+    def as_replicated(self) -> ShardMeta:
+        """The metadata of a value reduced over ranks from rows of this layout."""
+        if self.layout.is_replicated():
+            return self
+        return dataclasses.replace(self, layout=Replicated(source=self.layout))
+
+    def as_rows(self) -> ShardMeta:
+        """The row layout a replicated value came from (itself for rows)."""
+        if not self.layout.is_replicated():
+            return self
+        return dataclasses.replace(self, layout=self.layout.source)
 
 
 class DroppedScatterResultError(RuntimeError):
@@ -99,10 +119,15 @@ def _iter_tensors(args, kwargs):
 
 
 def find_meta(args, kwargs) -> ShardMeta | None:
+    """The call's layout: the first ShardTensor holding rows, else the first replicated one
+    (a replicated value next to rows is used per row: NOTE [replicated gradients])."""
+    replicated = None
     for a in _iter_tensors(args, kwargs):
         if isinstance(a, ShardTensor):
-            return a._meta
-    return None
+            if not a._meta.layout.is_replicated():
+                return a._meta
+            replicated = replicated or a._meta
+    return replicated
 
 
 def local(t):
@@ -153,36 +178,17 @@ class ShardTensor(torch.Tensor):
         if _STALE:
             _check_stale(args, kwargs)
         meta = find_meta(args, kwargs)
-        if meta is not None and isinstance(func, _TORCH_OPS):
-            # an opaque custom op: only the spec's OpAdapter knows what it does with rows
-            from mlipdd.shard import custom_ops
-
-            adapter = custom_ops.adapter_for(func)
-            if adapter is not None:
-                return custom_ops.call_adapted(adapter, func, meta, args, kwargs)
         if meta is not None:
             rule = registry.lookup(func, meta, args, kwargs)
             if rule is not None:
-                handler, label = rule
-                registry.FIRED[label] += 1
-                return handler(func, meta, args, kwargs)
-            for fallback in FALLBACKS:  # rules for any op (see replicated.py)
-                out = fallback(func, meta, args, kwargs)
-                if out is not NotImplemented:
-                    return out
+                registry.FIRED[rule.name] += 1
+                return rule.handler(func, meta, args, kwargs)
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*args, **kwargs)
         if meta is None or func in _NO_PROMOTE:
             return out
         return promote(out, meta)
 
-
-# Rules that apply to every op rather than to a listed few: ``fn(func, meta, args,
-# kwargs)`` returns the result, or NotImplemented to let the op run as usual.
-FALLBACKS: list = []
-
-# How custom ops (torch.library) reach the dispatch; see mlipdd.shard.custom_ops.
-_TORCH_OPS = (torch._ops.OpOverload, torch._ops.OpOverloadPacket)
 
 # Results that describe a tensor rather than hold rows of it.
 _NO_PROMOTE = {

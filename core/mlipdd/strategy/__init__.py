@@ -1,34 +1,32 @@
-"""Decomposition strategies, found by `StrategyKind`.
+"""Decomposition strategies: the `Strategy` base class and the built-in ones.
 
-A strategy implements: ``from_config(config, group)``, ``accepts(policy)``,
-``partition(full, device)``, ``prepare(batch)`` (collective; rebuilds and migrates
-when due), ``model_batch(batch, spec) -> (batch, meta)`` and
-``consolidate(outputs, meta, spec, autograd_outputs)``; optionally
-``model_scope(meta)``, a context manager entered around the model's forward (graph
-partition publishes its node partition there). `DistributedModel` drives any of them
-the same way.
+A strategy is found by name in the plugin registry (hook
+``mlipdd_register_strategies``; `strategy_for`). The built-in names are the values
+of `StrategyKind`; a plugin adds its own (see ``mlipdd.hookspecs``).
 """
 
 from __future__ import annotations
 
+from mlipdd.strategy.base import Strategy
 from mlipdd.strategy.graph_partition import GraphPartitionStrategy
-from mlipdd.strategy.halo import HaloStrategy
+from mlipdd.strategy.halo import HaloPlanner, HaloStrategy
 from mlipdd.strategy.kinds import StrategyKind
 from mlipdd.strategy.sharded import ShardedStrategy
 
-STRATEGIES: dict[StrategyKind, type] = {StrategyKind.HALO: HaloStrategy}
-STRATEGIES[StrategyKind.SHARDED] = ShardedStrategy
-STRATEGIES[StrategyKind.GRAPH_PARTITION] = GraphPartitionStrategy
+
+def strategy_for(name: StrategyKind | str) -> type[Strategy]:
+    """The strategy class registered as ``name`` (a `StrategyKind` or a plugin's name)."""
+    from mlipdd.plugins import get_strategy  # the registry sits above the layers it fills
+
+    return get_strategy(name.value if isinstance(name, StrategyKind) else str(name))
 
 
-def strategy_for(kind: StrategyKind) -> type:
-    try:
-        return STRATEGIES[StrategyKind(kind)]
-    except KeyError:
-        raise NotImplementedError(
-            f"strategy {StrategyKind(kind).value!r} is not available yet; available: "
-            f"{sorted(k.value for k in STRATEGIES)}"
-        ) from None
-
-
-__all__ = ["STRATEGIES", "GraphPartitionStrategy", "HaloStrategy", "StrategyKind", "strategy_for"]
+__all__ = [
+    "GraphPartitionStrategy",
+    "HaloPlanner",
+    "HaloStrategy",
+    "ShardedStrategy",
+    "Strategy",
+    "StrategyKind",
+    "strategy_for",
+]

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mlipdd.comm import OnGroup, agree_on_errors, broadcast_object, check_together, compute_on_rank0
+from mlipdd.comm import agree_on_errors, broadcast_object, check_together, compute_on_rank0
 from mlipdd.data import Batch, InputError
 from mlipdd.shard import ExchangePlan, ShardMeta, local
 from mlipdd.shard.graph_parallel import (
@@ -45,6 +45,8 @@ from mlipdd.shard.graph_parallel import (
     partition_scope,
     reduce_scatter_rows,
 )
+from mlipdd.shard.layouts import layout_for
+from mlipdd.strategy.base import Strategy
 from mlipdd.strategy.grid import RankGrid
 from mlipdd.strategy.kinds import StrategyKind
 from mlipdd.strategy.outputs import consolidate_outputs
@@ -64,10 +66,10 @@ class GraphPartitionState:
     plan: ExchangePlan  # no ghost rows: lets halo-style reporting read n_ghost == 0
 
 
-class GraphPartitionStrategy(OnGroup):
+class GraphPartitionStrategy(Strategy):
     """See the module docstring; one per DistributedModel."""
 
-    kind = StrategyKind.GRAPH_PARTITION
+    name = StrategyKind.GRAPH_PARTITION.value
 
     def __init__(self, group=None):
         self.group = group
@@ -75,15 +77,13 @@ class GraphPartitionStrategy(OnGroup):
         # W blocks along the atom index, reported the way a (W, 1, 1) rank grid is
         self.grid = RankGrid((self.world_size, 1, 1))
 
-
-
     @classmethod
     def from_config(cls, config, group=None) -> GraphPartitionStrategy:
         # cutoff and skin are the model's business: it builds its own graph every call
         return cls(group)
 
-    @staticmethod
-    def accepts(policy) -> bool:
+    @classmethod
+    def accepts(cls, policy) -> bool:
         return policy.is_graph_parallel()
 
     # ---- the strategy protocol ----------------------------------------------------------
@@ -122,11 +122,9 @@ class GraphPartitionStrategy(OnGroup):
         meta = ShardMeta(
             plan=state.plan,
             n_systems=state.n_systems,
-            scatter_rule=policy.scatter,
-            gather_rule=policy.gather,
-            system_reductions=policy.system_reductions,
+            layout=layout_for(policy, "graph_partition"),
             group=self.group,
-            notes={"kind": "graph_parallel", "partition": p, "scope": PartitionScope(p)},
+            notes={"scope": PartitionScope(p)},
         )
         return full, meta
 

@@ -13,6 +13,11 @@ One rebuild (when the Verlet skin is used up, or the cell changed):
    boundaries, keeping only edges whose receiver is owned.
 
 Between rebuilds only ghost positions are refreshed (`pad`), once per force call.
+
+`HaloPlanner` is that machinery, with a public interface (``partition``, ``prepare``,
+``padded_positions``, ``grid``, ``state``, ``rebuilds``) that any strategy built on
+spatial ownership composes: `HaloStrategy` hands the model ``[owned | ghost]`` rows,
+`mlipdd.strategy.sharded.ShardedStrategy` rewrites the same plan into owned rows.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from mlipdd.data import Batch, InputError, fractional
 from mlipdd.neighbors import NeighborList, build_neighbor_list
 from mlipdd.shard import ShardMeta, ShardTensor, halo_accumulate
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows, pad
+from mlipdd.shard.layouts import layout_for
+from mlipdd.strategy.base import Strategy
 from mlipdd.strategy.grid import RankGrid, check_grid, choose_grid, halo_targets, plane_spacings
 from mlipdd.strategy.kinds import StrategyKind
 from mlipdd.strategy.outputs import consolidate_outputs
@@ -47,10 +54,8 @@ class HaloState:
     atom_ids: torch.Tensor  # owned ids at build time
 
 
-class HaloStrategy(OnGroup):
-    """The spatial halo strategy (see the module docstring); one per DistributedModel."""
-
-    kind = StrategyKind.HALO
+class HaloPlanner(OnGroup):
+    """Spatial ownership, migration and the halo plan (see the module docstring)."""
 
     def __init__(self, width: float, grid: tuple[int, int, int] | None, group=None,
                  cutoff: float | None = None, skin: float = 0.0):
@@ -63,8 +68,6 @@ class HaloStrategy(OnGroup):
         self.state: HaloState | None = None
         self.rebuilds = 0
 
-
-
     def grid_for(self, cell: torch.Tensor) -> RankGrid:
         if self.grid is None:
             if self.requested_grid is not None:
@@ -74,62 +77,17 @@ class HaloStrategy(OnGroup):
         return self.grid
 
     @classmethod
-    def from_config(cls, config, group=None) -> HaloStrategy:
+    def from_config(cls, config, group=None) -> HaloPlanner:
         return cls(config.halo_width, config.grid, group, cutoff=config.cutoff, skin=config.skin)
 
-    @staticmethod
-    def accepts(policy) -> bool:
-        return policy.is_halo() or policy.is_local()
-
-    # ---- the strategy protocol (what DistributedModel calls) ------------------------
-    def prepare(self, batch: Batch) -> None:
-        """Collective: at a rebuild (decided by all ranks), validate, migrate, build the halo."""
-        if any_rank(self.needs_rebuild(batch, self.skin), self.group):
-            check_together(check_domain_inputs, batch, group=self.group)
-            self.migrate(batch)
-            self.build(batch, self.cutoff + self.skin)
-
-    def model_batch(self, batch: Batch, spec) -> tuple[Batch, ShardMeta]:
-        """The batch the model sees: ``[owned | ghost]`` rows, positions as a ShardTensor."""
-        state = self.state
-        policy = spec.distribution.policy
-        meta = ShardMeta(
-            plan=state.plan,
-            n_systems=batch.num_systems,
-            n_edges=state.neighbors.num_edges,
-            scatter_rule="local" if policy.is_local() else policy.scatter,
-            gather_rule="local" if policy.is_local() else policy.gather,
-            system_reductions=policy.system_reductions,
-            group=self.group,
-        )
-        positions = batch.positions.detach().requires_grad_(True)
-        padded_positions = self.padded_positions(positions, batch.cell, state)
-        # NOTE [one rank]: nothing crosses ranks, every handler would be the identity, so
-        # the model gets plain tensors and pays no dispatch cost at all.
-        wrap = (lambda t: t) if state.plan.world_size == 1 else (lambda t: ShardTensor.wrap(t, meta))
-        node = {
-            "positions": wrap(padded_positions),
-            "atomic_numbers": wrap(torch.cat([batch.atomic_numbers, state.ghost_numbers])),
-            "batch": torch.cat([batch.batch, state.ghost_system]),
-            "atom_ids": torch.cat([batch.atom_ids, state.ghost_ids]),
-        }
-        padded = Batch._from_dicts(node, dict(batch.system))
-        padded.neighbors = state.neighbors
-        padded.n_owned = batch.num_atoms  # for diagnostics; models must not need it
-        return padded, meta
-
-    def consolidate(self, outputs: dict, meta: ShardMeta, spec, autograd_outputs) -> dict:
-        """Per output: partial sums all-reduced, per-atom rows back to owned rows."""
-
-        def per_atom(name, value):
-            if value.dim() == 0 or value.shape[0] != meta.n_padded:
-                return value  # per system: replicated already
-            # derivatives hold partials on ghost rows, values hold mirrors
-            if name in autograd_outputs and name not in spec.owned_only_outputs:
-                value = halo_accumulate(value, meta.plan)
-            return value[: meta.n_owned]
-
-        return consolidate_outputs(outputs, spec, self.group, per_atom)
+    def prepare(self, batch: Batch) -> HaloState | None:
+        """Collective: at a rebuild (decided by all ranks), validate, migrate and build the
+        halo; returns the new state, or None when the current one still holds."""
+        if not any_rank(self.needs_rebuild(batch, self.skin), self.group):
+            return None
+        check_together(check_domain_inputs, batch, group=self.group)
+        self.migrate(batch)
+        return self.build(batch, self.cutoff + self.skin)
 
     # ---- ownership ------------------------------------------------------------------
     def owners(self, batch: Batch) -> torch.Tensor:
@@ -161,7 +119,7 @@ class HaloStrategy(OnGroup):
         owner = self.owners(batch)
         order = torch.argsort(owner, stable=True)
         counts = torch.bincount(owner, minlength=self.world_size)
-        recv_counts = _exchange_counts(counts, self.group)
+        recv_counts = exchange_counts(counts, self.group)
         moved = {}
         for name, value in batch.node.items():
             rows = value.index_select(0, order)
@@ -188,7 +146,7 @@ class HaloStrategy(OnGroup):
         order = torch.argsort(rank, stable=True)
         atom, shift, rank = atom[order], shift[order], rank[order]
         send_counts = torch.bincount(rank, minlength=self.world_size)
-        recv_counts = _exchange_counts(send_counts, self.group)
+        recv_counts = exchange_counts(send_counts, self.group)
         static = torch.cat(
             [torch.stack([batch.atomic_numbers[atom], batch.atom_ids[atom], sys[atom]], 1), shift], 1
         )
@@ -233,6 +191,82 @@ class HaloStrategy(OnGroup):
             return False
         moved = (batch.positions.detach() - state.reference_padded[: batch.num_atoms]).norm(dim=1).max()
         return bool(moved > 0.5 * skin)
+
+
+class HaloStrategy(Strategy):
+    """`StrategyKind.HALO`: the model sees ``[owned | ghost]`` rows (module docstring)."""
+
+    name = StrategyKind.HALO.value
+
+    def __init__(self, planner: HaloPlanner):
+        self.halo = planner
+        self.group = planner.group
+
+    @classmethod
+    def from_config(cls, config, group=None) -> HaloStrategy:
+        return cls(HaloPlanner.from_config(config, group))
+
+    @classmethod
+    def accepts(cls, policy) -> bool:
+        return policy.is_halo() or policy.is_local()
+
+    @property
+    def grid(self) -> RankGrid | None:
+        return self.halo.grid
+
+    @property
+    def rebuilds(self) -> int:
+        return self.halo.rebuilds
+
+    @property
+    def state(self) -> HaloState | None:
+        return self.halo.state
+
+    def partition(self, full: Batch | None, device=None) -> Batch:
+        return self.halo.partition(full, device)
+
+    def prepare(self, batch: Batch) -> None:
+        self.halo.prepare(batch)
+
+    def model_batch(self, batch: Batch, spec) -> tuple[Batch, ShardMeta]:
+        """The batch the model sees: ``[owned | ghost]`` rows, positions as a ShardTensor."""
+        state = self.state
+        policy = spec.distribution.policy
+        meta = ShardMeta(
+            plan=state.plan,
+            n_systems=batch.num_systems,
+            n_edges=state.neighbors.num_edges,
+            layout=layout_for(policy, "halo"),
+            group=self.group,
+        )
+        positions = batch.positions.detach().requires_grad_(True)
+        padded_positions = self.halo.padded_positions(positions, batch.cell, state)
+        # NOTE [one rank]: nothing crosses ranks, every handler would be the identity, so
+        # the model gets plain tensors and pays no dispatch cost at all.
+        wrap = (lambda t: t) if state.plan.world_size == 1 else (lambda t: ShardTensor.wrap(t, meta))
+        node = {
+            "positions": wrap(padded_positions),
+            "atomic_numbers": wrap(torch.cat([batch.atomic_numbers, state.ghost_numbers])),
+            "batch": torch.cat([batch.batch, state.ghost_system]),
+            "atom_ids": torch.cat([batch.atom_ids, state.ghost_ids]),
+        }
+        padded = Batch._from_dicts(node, dict(batch.system))
+        padded.neighbors = state.neighbors
+        padded.n_owned = batch.num_atoms  # for diagnostics; models must not need it
+        return padded, meta
+
+    def consolidate(self, outputs: dict, meta: ShardMeta, spec, autograd_outputs) -> dict:
+        """Per output: partial sums all-reduced, per-atom rows back to owned rows."""
+
+        def per_atom(name, value):
+            if value.dim() == 0 or value.shape[0] != meta.n_padded:
+                return value  # per system: replicated already
+            # derivatives hold partials on ghost rows, values hold mirrors
+            if name in autograd_outputs and name not in spec.owned_only_outputs:
+                value = halo_accumulate(value, meta.plan)
+            return value[: meta.n_owned]
+
+        return consolidate_outputs(outputs, spec, self.group, per_atom)
 
 
 def local_neighbors(padded: torch.Tensor, batch: Batch, state: HaloState, cutoff: float) -> NeighborList:
@@ -287,7 +321,7 @@ def check_domain_inputs(batch: Batch) -> None:
     check_inside_box(batch)
 
 
-def _exchange_counts(send_counts: torch.Tensor, group) -> tuple[int, ...]:
+def exchange_counts(send_counts: torch.Tensor, group) -> tuple[int, ...]:
     if send_counts.numel() == 1:
         return tuple(send_counts.tolist())
     recv = torch.empty_like(send_counts)

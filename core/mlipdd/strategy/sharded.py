@@ -1,7 +1,8 @@
 """Sharded storage: the halo strategy's ownership, without storing the ghost shell.
 
-Ownership, partition and migration are the spatial ones of `HaloStrategy`. At each
-rebuild the halo's neighbour list (built over ``[owned | ghost]`` positions, as for
+Ownership, partition and migration are the spatial ones of the halo strategy: this
+strategy composes a `HaloPlanner` (its public interface only). At each rebuild the
+halo's neighbour list (built over ``[owned | ghost]`` positions, as for
 halo storage) is rewritten so that it no longer needs ghost rows:
 
 * a ghost sender is an image of some atom: (owner rank, atom id, unit shift ``u``),
@@ -13,7 +14,7 @@ halo storage) is rewritten so that it no longer needs ghost rows:
   request table, one per remote atom read, grouped by owner (`ExchangePlan`);
 * the owners learn which of their rows to send (one ``all_to_all`` of ids).
 
-The model then gets a batch of owned rows (ShardTensors with a `ShardedMeta`), whose
+The model then gets a batch of owned rows (ShardTensors with a `ShardMeta`), whose
 reads of remote rows are routed to the owners by the dispatch
 (`mlipdd.shard.sharded_handlers`). Per-atom outputs are already owned rows.
 """
@@ -27,10 +28,12 @@ import torch
 from mlipdd.comm import check_together
 from mlipdd.data import Batch, InputError
 from mlipdd.neighbors import NeighborList
-from mlipdd.shard import ShardTensor
+from mlipdd.shard import ShardMeta, ShardTensor
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows
-from mlipdd.shard.sharded_handlers import ShardedMeta
-from mlipdd.strategy.halo import HaloState, HaloStrategy, _exchange_counts
+from mlipdd.shard.layouts import layout_for
+from mlipdd.shard.owned_rows import owned_rows_scope
+from mlipdd.strategy.base import Strategy
+from mlipdd.strategy.halo import HaloPlanner, HaloState, exchange_counts
 from mlipdd.strategy.kinds import StrategyKind
 from mlipdd.strategy.outputs import consolidate_outputs
 
@@ -48,37 +51,53 @@ class ShardedState:
     halo_ghosts: int  # ghost rows halo storage would keep here (for memory reports)
 
 
-class ShardedStrategy(HaloStrategy):
+class ShardedStrategy(Strategy):
     """`StrategyKind.SHARDED`: owned rows only; remote reads routed to their owners."""
 
-    kind = StrategyKind.SHARDED
+    name = StrategyKind.SHARDED.value
 
-    @staticmethod
-    def accepts(policy) -> bool:
+    def __init__(self, planner: HaloPlanner):
+        self.halo = planner
+        self.group = planner.group
+        self.state: ShardedState | None = None
+
+    @classmethod
+    def from_config(cls, config, group=None) -> ShardedStrategy:
+        return cls(HaloPlanner.from_config(config, group))
+
+    @classmethod
+    def accepts(cls, policy) -> bool:
         # "halo | sharded -> sharded": a halo model's reads are served over the wire
         return policy.is_sharded() or policy.is_halo()
 
-    def build(self, batch: Batch, nl_cutoff: float) -> ShardedState:
-        check_together(check_rows_distinct, batch, group=self.group)
-        halo = super().build(batch, nl_cutoff)
-        self.state = shard_halo(halo, batch, self.rank, self.group)
-        return self.state
+    @property
+    def grid(self):
+        return self.halo.grid
 
-    def model_batch(self, batch: Batch, spec) -> tuple[Batch, ShardedMeta]:
+    @property
+    def rebuilds(self) -> int:
+        return self.halo.rebuilds
+
+    def partition(self, full: Batch | None, device=None) -> Batch:
+        self.state = None
+        return self.halo.partition(full, device)
+
+    def prepare(self, batch: Batch) -> None:
+        """Collective: when the halo plan is rebuilt, rewrite it over owned rows."""
+        halo = self.halo.prepare(batch)
+        if halo is not None:
+            check_together(check_rows_distinct, batch, group=self.group)
+            self.state = shard_halo(halo, batch, self.rank, self.group)
+
+    def model_batch(self, batch: Batch, spec) -> tuple[Batch, ShardMeta]:
         """Owned rows only; positions and atomic numbers as sharded ShardTensors."""
         state = self.state
-        policy = spec.distribution.policy
-        sharded = policy.is_sharded()
-        meta = ShardedMeta(
+        meta = ShardMeta(
             plan=state.plan,
             n_systems=batch.num_systems,
             n_edges=state.neighbors.num_edges,
-            scatter_rule=policy.scatter if sharded else "distributed",
-            gather_rule=policy.gather if sharded else "distributed",
-            system_reductions=policy.system_reductions,
+            layout=layout_for(spec.distribution.policy, "sharded"),
             group=self.group,
-            global_ids=batch.atom_ids,
-            remote_ids=state.remote_ids,
         )
         # the ShardTensor itself is the leaf: wrapping a leaf under no_grad (dynamics) would
         # give an alias outside the graph, which autograd.grad could not differentiate by
@@ -94,7 +113,12 @@ class ShardedStrategy(HaloStrategy):
         owned.n_owned = batch.num_atoms
         return owned, meta
 
-    def consolidate(self, outputs: dict, meta: ShardedMeta, spec, autograd_outputs) -> dict:
+    def model_scope(self, meta: ShardMeta):
+        """Per-atom tensors the model creates from the atom count are owned rows too
+        (NOTE [row counts] in mlipdd.shard.owned_rows)."""
+        return owned_rows_scope(meta)
+
+    def consolidate(self, outputs: dict, meta: ShardMeta, spec, autograd_outputs) -> dict:
         """Per-atom outputs are owned rows already (gradients reached their owners in the
         routed gathers' backward); rank partials named by the spec are summed."""
         return consolidate_outputs(outputs, spec, self.group)
@@ -142,7 +166,7 @@ def shard_halo(halo: HaloState, batch: Batch, rank: int, group) -> ShardedState:
 
     # tell each owner which of its rows this rank reads
     asked = torch.bincount(table_owner, minlength=world)
-    asked_of_me = _exchange_counts(asked, group)
+    asked_of_me = exchange_counts(asked, group)
     wanted_ids = all_to_all_rows(table_id, asked.tolist(), asked_of_me, group)
     send_index = rows_of_ids(batch.atom_ids, wanted_ids, "requested")
     plan = ExchangePlan(

@@ -134,7 +134,7 @@ def halo_edgewise_chunk(original, self, x_full, x_original_shape, x_edge, edge_i
         local(message), local(wigner_inv_envelope), local(scatter_target), x_original_shape
     )
     set_mole_ac_start_index(self, 0)
-    if meta.scatter_rule == "halo_correction":
+    if meta.layout.is_halo() and meta.layout.correct_scatters:
         partial = halo_correct(partial, meta.plan)
     return ShardTensor.wrap(partial, meta)
 

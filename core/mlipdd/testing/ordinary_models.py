@@ -1,0 +1,139 @@
+"""Two message-passing potentials written the ordinary single-process way.
+
+Conformance models for sharded storage (and any strategy): per-atom state starts as
+``torch.zeros(n_atoms, ...)`` (``n_atoms = batch.num_atoms``), is filled in place,
+read by sender index (``state[sender]``) and accumulated with in-place ``index_add_``
+(rebound, ``x = x.index_add_(...)``). Nothing in them knows about ranks.
+
+* `VectorMPNN`: scalar and vector (l=1) features per atom; messages carry the edge
+  direction, and the energy reads the squared norms of the vector features, so it is
+  rotation invariant and its forces are not a sum of pair terms.
+* `ChargeMPNN`: charges ``q = torch.zeros(n_atoms)`` that every layer reads by sender
+  and re-equilibrates under a per-system total charge (two per-system sums per layer,
+  a Lagrange multiplier per system read back per atom), plus a damped Coulomb-like
+  pair energy.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mlipdd.data import Batch, InputError
+from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig
+from mlipdd.testing.toy_models import cosine_envelope
+
+__all__ = ["ChargeMPNN", "VectorMPNN"]
+
+
+class _OrdinaryMPNN(ModelWrapper):
+    """Shared setup: species table, radial basis, edges of the neighbour list."""
+
+    def __init__(self, cutoff: float, features: int, n_basis: int, species, seed: int, dtype):
+        super().__init__()
+        self.model_config = ModelConfig(NeighborConfig(cutoff))
+        self.generator = torch.Generator().manual_seed(seed)
+        self.features, self.dtype = features, dtype
+        table = torch.full((119,), -1, dtype=torch.long)
+        table[torch.tensor(species)] = torch.arange(len(species))
+        self.register_buffer("species_index", table)
+        self.register_buffer("centers", torch.linspace(0.5, cutoff, n_basis, dtype=dtype))
+        self.embed = self._weight(len(species), features, scale=0.5)
+
+    def _weight(self, *shape, scale: float | None = None) -> nn.Parameter:
+        scale = 1.0 / shape[0] if scale is None else scale
+        return nn.Parameter(torch.randn(*shape, generator=self.generator, dtype=self.dtype) * scale)
+
+    def _edges(self, batch: Batch, positions: torch.Tensor, cell: torch.Tensor):
+        nl = batch.neighbors
+        sender, receiver = nl.edge_index
+        vectors = positions[receiver] + nl.shifts(cell, batch.batch) - positions[sender]
+        d = vectors.norm(dim=1)
+        envelope = cosine_envelope(d, self.cutoff)
+        basis = torch.exp(-2.0 * (d.unsqueeze(1) - self.centers) ** 2) * envelope.unsqueeze(1)
+        return sender, receiver, vectors / d.unsqueeze(1), d, envelope, basis
+
+    def _species(self, atomic_numbers: torch.Tensor) -> torch.Tensor:
+        index = self.species_index[atomic_numbers]
+        if bool((index < 0).any()):
+            unknown = sorted(set(atomic_numbers[index < 0].tolist()))
+            raise InputError(
+                f"{type(self).__name__} has no parameters for atomic numbers {unknown}; build it "
+                "with species=(...) that include them"
+            )
+        return index
+
+
+class VectorMPNN(_OrdinaryMPNN):
+    def __init__(self, cutoff: float = 4.0, features: int = 8, layers: int = 2, n_basis: int = 8,
+                 species=(1, 8, 18), seed: int = 0, dtype=torch.float64, int_sizes: bool = False):
+        super().__init__(cutoff, features, n_basis, species, seed, dtype)
+        # int(n_atoms) drops the row layout: reproduces the one case sharded storage cannot
+        # infer, for the error tests
+        self.int_sizes = int_sizes
+        self.scalar_radial = nn.ParameterList([self._weight(n_basis, features) for _ in range(layers)])
+        self.vector_radial = nn.ParameterList([self._weight(n_basis, features) for _ in range(layers)])
+        self.update = nn.ParameterList([self._weight(features, features) for _ in range(layers)])
+        self.mix = nn.ParameterList([self._weight(features, features) for _ in range(layers)])
+        self.readout = self._weight(features)
+
+    def atomic_energies(self, batch: Batch, positions: torch.Tensor, cell: torch.Tensor) -> torch.Tensor:
+        sender, receiver, unit, _, _, basis = self._edges(batch, positions, cell)
+        n_atoms = int(batch.num_atoms) if self.int_sizes else batch.num_atoms
+        scalars = torch.zeros(n_atoms, self.features, dtype=positions.dtype, device=positions.device)
+        scalars[:] = self.embed[self._species(batch.atomic_numbers)]
+        vectors = torch.zeros(n_atoms, self.features, 3, dtype=positions.dtype, device=positions.device)
+        for scalar_radial, vector_radial, update, mix in zip(
+            self.scalar_radial, self.vector_radial, self.update, self.mix
+        ):
+            s_j, v_j = scalars[sender], vectors[sender]
+            gate = basis @ scalar_radial
+            scalar_messages = gate * s_j
+            vector_messages = (gate * s_j).unsqueeze(2) * unit.unsqueeze(1) \
+                + (basis @ vector_radial).unsqueeze(2) * v_j
+            d_scalars = torch.zeros(n_atoms, self.features, dtype=positions.dtype, device=positions.device)
+            d_scalars = d_scalars.index_add_(0, receiver, scalar_messages)
+            d_vectors = torch.zeros(n_atoms, self.features, 3, dtype=positions.dtype, device=positions.device)
+            d_vectors = d_vectors.index_add_(0, receiver, vector_messages)
+            scalars = scalars + torch.tanh(d_scalars @ update) + torch.tanh((d_vectors * d_vectors).sum(2) @ mix)
+            vectors = vectors + d_vectors
+        return scalars @ self.readout
+
+
+class ChargeMPNN(_OrdinaryMPNN):
+    def __init__(self, cutoff: float = 4.5, features: int = 8, layers: int = 2, n_basis: int = 8,
+                 species=(1, 8), seed: int = 1, damping: float = 1.2, coulomb_scale: float = 0.02,
+                 dtype=torch.float64):
+        super().__init__(cutoff, features, n_basis, species, seed, dtype)
+        self.radial = nn.ParameterList([self._weight(n_basis, features) for _ in range(layers)])
+        self.update = nn.ParameterList([self._weight(features, features) for _ in range(layers)])
+        self.charge_coupling = nn.ParameterList([self._weight(features) for _ in range(layers)])
+        self.chi_head = self._weight(features)
+        self.hardness_head = self._weight(features)
+        self.readout = self._weight(features)
+        self.damping, self.coulomb_scale = damping, coulomb_scale
+
+    def atomic_energies(self, batch: Batch, positions: torch.Tensor, cell: torch.Tensor) -> torch.Tensor:
+        sender, receiver, _, d, envelope, basis = self._edges(batch, positions, cell)
+        n_atoms, n_systems = batch.num_atoms, batch.num_systems
+        like = {"dtype": positions.dtype, "device": positions.device}
+        total_charge = batch.charge.reshape(-1) if batch.charge is not None else torch.zeros(n_systems, **like)
+        features = self.embed[self._species(batch.atomic_numbers)]
+        charges = torch.zeros(n_atoms, **like)
+        for radial, update, coupling in zip(self.radial, self.update, self.charge_coupling):
+            messages = (basis @ radial) * features[sender] * (1.0 + charges[sender].unsqueeze(1) * coupling)
+            aggregated = torch.zeros(n_atoms, self.features, **like)
+            aggregated = aggregated.index_add_(0, receiver, messages)
+            features = features + torch.tanh(aggregated @ update)
+            chi = features @ self.chi_head
+            hardness = nn.functional.softplus(features @ self.hardness_head) + 1.0
+            # equilibrate: q_i = (lam - chi_i) / J_i with one multiplier per system
+            inverse_sum = torch.zeros(n_systems, **like).index_add(0, batch.batch, 1.0 / hardness)
+            weighted_sum = torch.zeros(n_systems, **like).index_add(0, batch.batch, chi / hardness)
+            lam = (total_charge + weighted_sum) / inverse_sum
+            charges = (lam[batch.batch] - chi) / hardness
+        safe_d = torch.where(envelope > 0, d, torch.ones_like(d))
+        pair = torch.erf(safe_d / self.damping) / safe_d * envelope
+        coulomb = torch.zeros(n_atoms, **like)
+        coulomb = coulomb.index_add_(0, receiver, 0.5 * self.coulomb_scale * charges[receiver] * charges[sender] * pair)
+        return features @ self.readout + chi * charges + 0.5 * hardness * charges**2 + coulomb

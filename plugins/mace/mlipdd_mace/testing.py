@@ -100,8 +100,8 @@ def random_mace(
     return model.to(dtype).eval()
 
 
-def random_mace_wrapper(**kwargs):
-    """`MACEWrapper` around `random_mace(**kwargs)`.
+def random_mace_wrapper(chunk_atoms: int | None = None, **kwargs):
+    """`MACEWrapper` around `random_mace(**kwargs)` (chunked when ``chunk_atoms`` is given).
 
     A module-level function, so ``functools.partial(random_mace_wrapper, seed=0)`` pickles:
     the conformance kit (`mlipdd.testing`) rebuilds the model inside each spawned rank,
@@ -109,7 +109,15 @@ def random_mace_wrapper(**kwargs):
     """
     from mlipdd_mace.wrapper import MACEWrapper
 
-    return MACEWrapper(random_mace(**kwargs))
+    return MACEWrapper(random_mace(**kwargs), chunk_atoms=chunk_atoms)
+
+
+def distributed_outputs_of_each(rank, world_size, model_factory, batches, compute_stress=True):
+    """Spawned-rank worker: `mlipdd.testing.conformance.distributed_outputs` for several
+    systems in one launch (a launch costs each rank a mace import)."""
+    from mlipdd.testing.conformance import distributed_outputs
+
+    return [distributed_outputs(rank, world_size, model_factory, b, {}, compute_stress) for b in batches]
 
 
 def example_model(path: str | None, dtype: str = "float64", device="cpu"):

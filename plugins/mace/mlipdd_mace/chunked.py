@@ -1,0 +1,234 @@
+"""Chunked MACE evaluation: the same energy and forces in a fraction of the memory.
+
+A plain MACE forward + force backward keeps every per-edge tensor of every layer alive
+until the backward pass (the tensor-product messages are ~5k floats per edge for a
+medium model, ~45 edges per atom), and the symmetric contraction keeps ~100k floats per
+atom. That is ~3.7 GiB per 1k atoms for medium MACE, so one H200 stops near 35k atoms.
+
+`chunked_blocks(model, chunk_atoms)` swaps, for the duration of one forward, the
+forward of each interaction and product block for one that
+
+* computes the messages of ``chunk_atoms * edges_per_atom`` edges at a time and adds
+  them into the per-node message (`EdgeChunkedMessages`); nothing per edge is kept:
+  the backward recomputes each chunk's radial MLP and tensor product and hands back
+  gradients for the node features, the spherical harmonics, the radial features and
+  the cutoff envelope (hence positions, strain and forces);
+* runs the product block (symmetric contraction, row-wise) ``chunk_atoms`` rows at a
+  time under `torch.utils.checkpoint` (recomputed in the backward);
+
+and parameters are frozen (``requires_grad=False``) so no layer keeps its input for a
+weight gradient nobody asks for. Everything else is mace's own code.
+
+Exactness: the same operations on the same numbers; only the summation order of the
+messages changes (float64: ~1e-15 relative; float32: reorder noise).
+
+Domain decomposition: the chunks compute on this rank's plain rows, and the one node
+scatter that finishes a layer's messages is an ordinary ``index_add`` into node rows,
+which the core's dispatch turns into the usual ghost-row exchange, once per layer as in
+the plain model, so every rank issues the same collectives whatever its chunk count.
+
+Inference only: the custom backward is not itself differentiable, so training (which
+needs forces' gradients) runs the plain model (`MACEWrapper` falls back to it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import types
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from mlipdd.shard import ShardTensor, local
+
+
+def _plain(t):
+    return None if t is None else local(t)
+
+
+def _rows_like(ref: torch.Tensor, plain: torch.Tensor) -> torch.Tensor:
+    """``plain`` (this rank's rows) carrying ``ref``'s row layout under domain decomposition."""
+    return ShardTensor.wrap(plain, ref.meta) if isinstance(ref, ShardTensor) else plain
+
+
+def _chunk_message(block, up, edge_attrs, edge_feats, cutoff, sender):
+    """mace's message of one chunk of edges (RealAgnostic*InteractionBlock, un-summed)."""
+    weights = block.conv_tp_weights(edge_feats)
+    if cutoff is not None:
+        weights = weights * cutoff
+    return block.conv_tp(up.index_select(0, sender), edge_attrs, weights)
+
+
+class EdgeChunkedMessages(torch.autograd.Function):
+    """``sum over edges e -> i of conv_tp(up[sender_e], Y_e, R(f_e) * c_e)`` per node ``i``,
+    ``chunk`` edges at a time, with a recomputing backward (no per-edge tensor is kept)."""
+
+    @staticmethod
+    def forward(ctx, block, chunk, up, edge_attrs, edge_feats, cutoff, sender, receiver):
+        ctx.block, ctx.chunk, ctx.has_cutoff = block, chunk, cutoff is not None
+        ctx.save_for_backward(up, edge_attrs, edge_feats, cutoff, sender, receiver)
+        out = up.new_zeros((up.shape[0], block.conv_tp.irreps_out.dim))
+        for start in range(0, sender.shape[0], chunk):
+            end = start + chunk
+            cut = cutoff[start:end] if cutoff is not None else None
+            message = _chunk_message(block, up, edge_attrs[start:end], edge_feats[start:end], cut,
+                                     sender[start:end])
+            out.index_add_(0, receiver[start:end], message)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        up, edge_attrs, edge_feats, cutoff, sender, receiver = ctx.saved_tensors
+        want = ctx.needs_input_grad
+        grad_up = torch.zeros_like(up) if want[2] else None
+        grad_attrs = torch.zeros_like(edge_attrs) if want[3] else None
+        grad_feats = torch.zeros_like(edge_feats) if want[4] else None
+        grad_cut = torch.zeros_like(cutoff) if ctx.has_cutoff and want[5] else None
+        for start in range(0, sender.shape[0], ctx.chunk):
+            end = start + ctx.chunk
+            s = sender[start:end]
+            with torch.enable_grad():
+                x = up.index_select(0, s).detach().requires_grad_(want[2])
+                a = edge_attrs[start:end].detach().requires_grad_(want[3])
+                f = edge_feats[start:end].detach().requires_grad_(want[4])
+                c = cutoff[start:end].detach().requires_grad_(grad_cut is not None) if ctx.has_cutoff else None
+                message = _chunk_message(ctx.block, x, a, f, c, torch.arange(x.shape[0], device=x.device))
+                inputs = [t for t in (x, a, f, c) if t is not None and t.requires_grad]
+                grads = iter(torch.autograd.grad(message, inputs, grad.index_select(0, receiver[start:end]))
+                             if inputs else ())
+            if x.requires_grad:
+                grad_up.index_add_(0, s, next(grads))
+            for target, t in ((grad_attrs, a), (grad_feats, f), (grad_cut, c)):
+                if t is not None and t.requires_grad:
+                    target[start:end] = next(grads)
+        return None, None, grad_up, grad_attrs, grad_feats, grad_cut, None, None
+
+
+def edge_messages(block, chunk, up, edge_attrs, edge_feats, cutoff, edge_index):
+    """The summed messages on every node row, ``chunk`` edges at a time."""
+    partial = EdgeChunkedMessages.apply(
+        block, chunk, _plain(up), _plain(edge_attrs), _plain(edge_feats), _plain(cutoff),
+        _plain(edge_index[0]), _plain(edge_index[1]),
+    )
+    if not isinstance(up, ShardTensor):
+        return partial
+    # NOTE [one scatter per layer]: the chunks summed this rank's edges on plain rows; this
+    # scatter into node rows is the plain model's `scatter_sum`, so under domain
+    # decomposition the dispatch refreshes ghost rows here, once, as it does there.
+    rows = torch.arange(partial.shape[0], device=partial.device)
+    return up.new_zeros(partial.shape).index_add(0, rows, partial)
+
+
+def _interaction_forward(block, chunk_atoms):
+    """A forward for a RealAgnostic(Residual)InteractionBlock with chunked messages."""
+    residual = type(block).__name__ == "RealAgnosticResidualInteractionBlock"
+
+    def forward(self, node_attrs, node_feats, edge_attrs, edge_feats, edge_index, cutoff=None,
+                lammps_class=None, lammps_natoms=(0, 0), first_layer=False):
+        sc = self.skip_tp(node_feats, node_attrs) if residual else None
+        up = self.linear_up(node_feats)
+        chunk = _edge_chunk(chunk_atoms, edge_index.shape[1], up.shape[0])
+        message = edge_messages(self, chunk, up, edge_attrs, edge_feats, cutoff, edge_index)
+        message = self.linear(message) / self.avg_num_neighbors
+        if not residual:
+            message = self.skip_tp(message, node_attrs)
+        return self.reshape(message), sc
+
+    return types.MethodType(forward, block)
+
+
+def _product_forward(block, chunk_atoms, original):
+    """The product block's own forward, ``chunk_atoms`` rows at a time, recomputed in backward."""
+
+    def forward(self, node_feats, sc, node_attrs):
+        plain = (_plain(node_feats), _plain(sc), _plain(node_attrs))
+        n = plain[0].shape[0]
+        if n <= chunk_atoms:
+            return original(node_feats, sc, node_attrs)
+        parts = []
+        for start in range(0, n, chunk_atoms):
+            rows = [None if t is None else t[start:start + chunk_atoms] for t in plain]
+            parts.append(checkpoint(original, *rows, use_reentrant=False))
+        return _rows_like(node_feats, torch.cat(parts))
+
+    return types.MethodType(forward, block)
+
+
+def _edge_chunk(chunk_atoms: int, n_edges: int, n_nodes: int) -> int:
+    return max(1, chunk_atoms * math.ceil(n_edges / max(1, n_nodes)))
+
+
+CHUNKABLE_INTERACTIONS = ("RealAgnosticInteractionBlock", "RealAgnosticResidualInteractionBlock")
+
+
+def unsupported_blocks(model) -> list[str]:
+    """Interaction blocks the chunked path does not know (it then leaves them as they are)."""
+    return [
+        type(b).__name__ for b in model.interactions
+        if type(b).__name__ not in CHUNKABLE_INTERACTIONS or hasattr(b, "conv_fusion")
+    ]
+
+
+@contextlib.contextmanager
+def chunked_blocks(model, chunk_atoms: int):
+    """Inside the block, ``model``'s interactions and products run chunked (module docstring)."""
+    patched = []
+    frozen = [p for p in model.parameters() if p.requires_grad]
+    try:
+        for block in model.interactions:
+            if type(block).__name__ in CHUNKABLE_INTERACTIONS and not hasattr(block, "conv_fusion"):
+                block.forward = _interaction_forward(block, chunk_atoms)
+                patched.append(block)
+        for block in model.products:
+            block.forward = _product_forward(block, chunk_atoms, type(block).forward.__get__(block))
+            patched.append(block)
+        for p in frozen:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+        for block in patched:
+            del block.forward  # back to the class's forward
+
+
+# ---- memory estimate ------------------------------------------------------------------------
+
+
+def _dims(model) -> dict:
+    """Feature widths that set the memory: per edge and per node, per layer."""
+    first = model.interactions[0]
+    return {
+        "layers": len(model.interactions),
+        "mid": max(b.conv_tp.irreps_out.dim for b in model.interactions),
+        "tp_weights": max(b.conv_tp.weight_numel for b in model.interactions),
+        "up": max(b.conv_tp.irreps_in1.dim for b in model.interactions),
+        "sh": first.conv_tp.irreps_in2.dim,
+        "hidden": max(p.linear.irreps_out.dim for p in model.products),
+    }
+
+
+def estimate_memory(model, n_atoms: int, n_edges: int, chunk_atoms: int | None, itemsize: int = 4) -> dict:
+    """Rough peak bytes of one energy + forces call (about +-30 %; measured on an H200 for
+    medium MACE: see benchmarks/results/mace_memory_wall.md).
+
+    Plain: every layer keeps ~3 per-edge tensors of the message width and the product's
+    contraction, ~``sh * mid`` per node. Chunked: per node only the layer's message and
+    features, per edge the geometry (vectors, harmonics, radial features), plus one
+    chunk's worth of the plain per-edge and per-node peaks.
+    """
+    d = _dims(model)
+    per_edge_geometry = 6 * (3 + 1 + d["sh"] + 8 + 1)
+    per_edge_layer = 2 * d["mid"] + 2 * d["tp_weights"] + d["up"]
+    per_node_product = 2 * d["sh"] * d["sh"] * d["hidden"] // 4
+    per_node_layer = 2 * d["mid"] + 4 * d["hidden"]
+    edges_per_atom = n_edges / max(1, n_atoms)
+    if chunk_atoms is None:
+        total = n_edges * (per_edge_geometry + d["layers"] * per_edge_layer) + n_atoms * (
+            d["layers"] * (per_node_layer + per_node_product))
+    else:
+        rows = min(chunk_atoms, n_atoms)
+        total = (n_edges * per_edge_geometry + n_atoms * d["layers"] * per_node_layer
+                 + rows * (2 * edges_per_atom * per_edge_layer + 2 * per_node_product))
+    return {"bytes": int(total * itemsize), "atoms": n_atoms, "edges": n_edges, "chunk_atoms": chunk_atoms}

@@ -11,6 +11,13 @@ aimnet's charge equilibration carry their gradient back to every rank).
 Everything else aimnet does on this layout is per-row arithmetic, reads of neighbour
 rows through ``index_select`` (routed to the owners under sharded storage) and sums
 over the neighbour-slot dimension of a row, all of which the dispatch handles.
+
+Halo storage needs one more: aimnet's convolution (`ConvSV.forward`) sums over a row's
+neighbour slots, a contraction rather than a scatter, so the dispatch has no scatter
+through which to refresh ghost rows; a ghost row has no neighbours in this rank's
+matrix (edges live with their receiver's owner) and would keep a zero environment.
+`halo_refreshed_convolution` copies every owner's result onto its ghost rows after the
+convolution (and sends the ghosts' gradients home in the backward).
 """
 
 from __future__ import annotations
@@ -35,9 +42,23 @@ def rebinding_mol_sum(original, x: torch.Tensor, data: dict) -> torch.Tensor:
     return out.scatter_add(0, index.unsqueeze(-1).expand(-1, x.shape[1]), x)
 
 
-def aimnet2_helpers() -> tuple:
-    """The adapters installed around a distributed forward (named, so nothing is imported yet)."""
-    from mlipdd.spec import PythonAdapter
+def halo_refreshed_convolution(original, self, data: dict, a: torch.Tensor) -> torch.Tensor:
+    """`aimnet.modules.aev.ConvSV.forward`, then ghost rows take their owner's result."""
+    from mlipdd.shard import ShardTensor, halo_fill, local
 
-    return (PythonAdapter("aimnet.nbops", "mol_sum", "mlipdd_aimnet2.adapters:rebinding_mol_sum",
-                          pass_original=True),)
+    out = original(self, data, a)
+    if not isinstance(out, ShardTensor) or out.meta.scatter_rule != "halo_correction":
+        return out  # one process, or sharded storage (no ghost rows)
+    return ShardTensor.wrap(halo_fill(local(out), out.meta.plan), out.meta)
+
+
+def aimnet2_helpers(halo: bool = False) -> tuple:
+    """The adapters installed around a distributed forward (named, so nothing is imported yet)."""
+    from mlipdd.spec import MethodAdapter, PythonAdapter
+
+    helpers = [PythonAdapter("aimnet.nbops", "mol_sum", "mlipdd_aimnet2.adapters:rebinding_mol_sum",
+                             pass_original=True)]
+    if halo:
+        helpers.append(MethodAdapter(module_path="aimnet.modules.aev", class_name="ConvSV", method_name="forward",
+                                     replacement="mlipdd_aimnet2.adapters:halo_refreshed_convolution"))
+    return tuple(helpers)

@@ -43,9 +43,10 @@ def mlipdd_register_models(register) -> None:
 
 @hookimpl
 def mlipdd_register_presets(register) -> None:
-    from mlipdd_aimnet2.spec import aimnet2_sharded_spec
+    from mlipdd_aimnet2.spec import aimnet2_halo_spec, aimnet2_sharded_spec
 
     register("SPEC_AIMNET2_SHARDED", aimnet2_sharded_spec())
+    register("SPEC_AIMNET2_HALO", aimnet2_halo_spec())
 
 
 @hookimpl

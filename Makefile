@@ -41,9 +41,10 @@ $(INSTALL_STAMP): $(PY) pyproject.toml $(wildcard requirements/*.txt) $(addsuffi
 	$(if $(PLUGINS_WITHOUT_PYPROJECT),@echo "skipping $(PLUGINS_WITHOUT_PYPROJECT): no pyproject.toml yet")
 	$(PIP) install -r requirements/torch.txt
 	# One resolver pass: core (editable, test extra), plugins (editable), MACE's real
-	# dependencies with the e3nn override, and fairchem-core with its dependencies.
+	# dependencies with the e3nn override, fairchem-core and aimnet with their dependencies.
 	$(PIP) install -r requirements/torch.txt -r requirements/mace-upstream.txt \
-		-r requirements/uma-upstream.txt -e '.[test]' $(addprefix -e ,$(PLUGIN_DIRS))
+		-r requirements/uma-upstream.txt -r requirements/aimnet2-upstream.txt \
+		-e '.[test]' $(addprefix -e ,$(PLUGIN_DIRS))
 	# mace-torch itself, without its e3nn==0.4.4 pin (see the top of this file).
 	$(PIP) install --no-deps -r requirements/mace-nodeps.txt
 	# Guard the override: both upstreams import side by side, e3nn is 0.6.0.

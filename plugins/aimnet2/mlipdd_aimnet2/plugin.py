@@ -1,31 +1,73 @@
-"""Hook implementations of the AIMNet2 plugin (entry point ``aimnet2``).
+"""mlipdd hook implementations for AIMNet2 (entry point ``mlipdd: aimnet2``).
 
-Skeleton: every hook is implemented and registers nothing yet, so the plugin is
-discovered and listed while its content lands in its own issue.
+Importing this module stays cheap and does not import aimnet (which imports warp and
+nvalchemiops): the plugin manager loads every plugin at start-up.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from mlipdd import hookimpl
-from mlipdd.hookspecs import RegisterModel, RegisterPreset, RegisterSpecModule
+
+
+def make_aimnet2_model(model=None, *, path: str | Path | None = None, name: str | None = None,
+                       device: str = "cpu", dtype=None, **options):
+    """Factory for model name ``"aimnet2"``: exactly one of a model object, ``path=`` or ``name=``.
+
+    ``options`` go to `AIMNet2Wrapper` (``coulomb``, ``dsf_cutoff``, ``charge``, ``dispersion``, ...).
+    """
+    from mlipdd_aimnet2.wrapper import AIMNet2Wrapper
+
+    given = [n for n, v in (("model", model), ("path", path), ("name", name)) if v is not None]
+    if len(given) != 1:
+        raise ValueError(
+            "the 'aimnet2' model needs exactly one of: an aimnet AIMNet2 model object, path='model.pt' "
+            f"or name='aimnet2' (got {', '.join(given) or 'none'})"
+        )
+    if path is not None:
+        return AIMNet2Wrapper.from_file(path, device=device, dtype=dtype, **options)
+    if name is not None:
+        return AIMNet2Wrapper.from_name(name, device=device, dtype=dtype, **options)
+    if isinstance(model, (str, Path)):
+        raise TypeError(f"got the string {str(model)!r} as a model; pass path= for a file or name= for a registry name")
+    model = model.to(device)
+    return AIMNet2Wrapper(model.to(dtype) if dtype is not None else model, **options)
 
 
 @hookimpl
-def mlipdd_register_models(register: RegisterModel) -> None:
-    """No models yet: content lands in its own issue."""
+def mlipdd_register_models(register) -> None:
+    register("aimnet2", make_aimnet2_model,
+             description="AIMNet2 (aimnet): path=, name= or a model object; coulomb='dsf'|'simple'|'none'")
 
 
 @hookimpl
-def mlipdd_register_presets(register: RegisterPreset) -> None:
-    """No presets yet: content lands in its own issue."""
+def mlipdd_register_presets(register) -> None:
+    from mlipdd_aimnet2.spec import aimnet2_halo_spec, aimnet2_sharded_spec
+
+    register("SPEC_AIMNET2_SHARDED", aimnet2_sharded_spec())
+    register("SPEC_AIMNET2_HALO", aimnet2_halo_spec())
 
 
 @hookimpl
-def mlipdd_register_spec_modules(register: RegisterSpecModule) -> None:
-    """No spec modules yet: content lands in its own issue."""
+def mlipdd_register_spec_modules(register) -> None:
+    # saved spec files may name the aimnet adapters' replacements (mlipdd_aimnet2.adapters:...)
+    register("mlipdd_aimnet2")
 
 
 @hookimpl
-def mlipdd_wrap_model(model: object, options: dict) -> None:
-    """Recognises no upstream model yet: content lands in its own issue."""
-    return
+def mlipdd_wrap_model(model, options):
+    """Wrap a raw aimnet `AIMNet2`; ``None`` for anything else so other plugins get a turn."""
+    from mlipdd_aimnet2.wrapper import is_aimnet2_model
+
+    if not is_aimnet2_model(model):
+        return None
+    options = dict(options or {})
+    device, dtype = options.pop("device", None), options.pop("dtype", None)
+    if device is not None:
+        model = model.to(device)
+    if dtype is not None:
+        model = model.to(dtype)
+    from mlipdd_aimnet2.wrapper import AIMNet2Wrapper
+
+    return AIMNet2Wrapper(model, **options)

@@ -1,0 +1,111 @@
+"""An mlipdd batch as the input dict of aimnet's flat neighbour-matrix layout (``nb_mode`` 1).
+
+aimnet reads neighbours through a receiver-major matrix: row ``i`` lists the neighbours
+of atom ``i`` (``nbmat`` (N, M)), padded slots are masked (``mask_ij``), and a sum over
+neighbours is a contraction over the slot dimension, not a scatter. The matrix is built
+here from mlipdd's COO list (integer bookkeeping on plain tensors). Two differences from
+aimnet's own calculator, both invisible to its equations:
+
+* no trailing padding atom: padded slots point at the row itself and are masked, and
+  the dict says the input is not padded (``_input_padded`` False), so aimnet never
+  masks "the last row" (which here is a real atom);
+* the short-range network and the Coulomb sum get separate matrices cut from one list
+  (the Coulomb cutoff may be longer than the network's).
+
+Under domain decomposition the rows are this rank's rows and a neighbour index may
+point at a remote atom; aimnet's ``index_select`` reads are then routed by the
+ShardTensor dispatch, and nothing here changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mlipdd.data import Batch
+
+
+@dataclass
+class NeighborMatrix:
+    """Receiver-major neighbours: ``index`` (N, M) long, ``unit_shifts`` (N, M, 3), ``pad`` (N, M)."""
+
+    index: torch.Tensor
+    unit_shifts: torch.Tensor
+    pad: torch.Tensor
+
+
+def neighbor_matrix(sender: torch.Tensor, receiver: torch.Tensor, unit_shifts: torch.Tensor,
+                    n_rows: int) -> NeighborMatrix:
+    """Row ``receiver[e]`` lists ``sender[e]`` with aimnet's shift sign (``x_j + s @ cell - x_i``).
+
+    mlipdd's edge vector is ``x[receiver] + u @ cell - x[sender]``; seen from the receiver,
+    the neighbour sits at ``x[sender] - u @ cell``, so the matrix stores ``-u``.
+    """
+    device = receiver.device
+    order = torch.argsort(receiver, stable=True)
+    receiver, sender, unit_shifts = receiver[order], sender[order], unit_shifts[order]
+    counts = torch.bincount(receiver, minlength=n_rows)
+    width = max(int(counts.max()) if counts.numel() else 0, 1)
+    start = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(receiver.numel(), device=device) - start[receiver]
+    index = torch.arange(n_rows, device=device).unsqueeze(1).repeat(1, width)
+    index[receiver, slot] = sender
+    shifts = unit_shifts.new_zeros((n_rows, width, 3))
+    shifts[receiver, slot] = -unit_shifts
+    pad = torch.ones((n_rows, width), dtype=torch.bool, device=device)
+    pad[receiver, slot] = False
+    return NeighborMatrix(index, shifts, pad)
+
+
+def edge_lengths(positions: torch.Tensor, cell: torch.Tensor, system: torch.Tensor,
+                 edge_index: torch.Tensor, unit_shifts: torch.Tensor) -> torch.Tensor:
+    """Plain, detached edge lengths, for choosing which edges each matrix keeps.
+
+    Bookkeeping, not physics: no autograd. The sender rows are read through the normal
+    indexing (under sharded storage a remote sender's row is fetched from its owner), and
+    the result is taken back to a plain tensor.
+    """
+    with torch.no_grad():
+        sender, receiver = edge_index[0], edge_index[1]
+        pos = positions.detach()
+        cart = torch.einsum("ei,eij->ej", unit_shifts.to(pos.dtype), cell.detach()[system[receiver]])
+        vectors = pos.index_select(0, receiver) + cart - pos.index_select(0, sender)
+        lengths = torch.linalg.vector_norm(vectors, dim=1)
+        return torch.Tensor.as_subclass(lengths, torch.Tensor)
+
+
+def aimnet_inputs(batch: Batch, positions: torch.Tensor, cell: torch.Tensor, charge: torch.Tensor,
+                  short_cutoff: float, long_cutoff: float | None) -> dict:
+    """aimnet's input dict (flat layout, already "prepared") for ``positions`` / ``cell``.
+
+    ``positions`` and ``cell`` may be the strained copies of the batch's (stress). Edges
+    longer than ``short_cutoff`` are left out of ``nbmat`` (the network's matrix); with a
+    ``long_cutoff`` the Coulomb matrix ``nbmat_lr`` keeps the edges within it.
+    """
+    neighbors = batch.neighbors
+    edge_index = neighbors.edge_index.to(positions.device)
+    unit_shifts = neighbors.unit_shifts.to(device=positions.device, dtype=positions.dtype)
+    n_rows = positions.shape[0]
+    lengths = edge_lengths(batch.positions, batch.cell, batch.batch, edge_index, unit_shifts)
+    # a zero-length self edge (i, i, no shift) is not a neighbour
+    self_edge = (edge_index[0] == edge_index[1]) & (unit_shifts == 0).all(dim=1)
+    data = {
+        "coord": positions,
+        "numbers": batch.atomic_numbers,
+        "charge": charge,
+        "cell": cell,
+        "mol_idx": batch.batch,
+        "_nb_mode": torch.tensor(1),
+        "_input_padded": torch.tensor(False),
+        "_num_mol": torch.tensor(batch.num_systems),
+    }
+    for suffix, cutoff in (("", short_cutoff), ("_lr", long_cutoff)):
+        if cutoff is None:
+            continue
+        keep = (lengths < cutoff) & ~self_edge
+        matrix = neighbor_matrix(edge_index[0][keep], edge_index[1][keep], unit_shifts[keep], n_rows)
+        data[f"nbmat{suffix}"] = matrix.index
+        data[f"shifts{suffix}"] = matrix.unit_shifts
+        data[f"mask_ij{suffix}"] = matrix.pad
+    return data

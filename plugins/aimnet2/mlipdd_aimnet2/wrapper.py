@@ -1,0 +1,242 @@
+"""`AIMNet2Wrapper`: aimnet's `AIMNet2` model as an mlipdd `ModelWrapper`.
+
+Single-process code. The network runs through aimnet's own ``forward_prepared`` on
+aimnet's flat neighbour-matrix layout (`mlipdd_aimnet2.inputs`), so the AEV, the
+convolutions, the neural charge equilibration (per-system sums in every pass) and the
+output heads are aimnet's code. The full Coulomb term that a released model leaves to
+its calculator is added here (`mlipdd_aimnet2.coulomb`). Forces come from autograd
+of the energy with respect to the positions, stress from the strain route, so both
+include the response of the charges (as aimnet's own forces do).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from mlipdd.data import Batch, InputError
+from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig, strained
+from mlipdd_aimnet2.coulomb import COULOMB_METHODS, dsf_energy, simple_energy
+from mlipdd_aimnet2.inputs import aimnet_inputs
+from mlipdd_aimnet2.versions import require_aimnet
+
+# Output modules whose work is per atom, per neighbour-matrix row or a per-system sum.
+_LOCAL_OUTPUTS = ("Output", "AtomicShift", "AtomicSum", "SRCoulomb")
+DEFAULT_DSF_ALPHA = 0.2  # aimnet's calculator defaults for periodic cells
+DEFAULT_DSF_CUTOFF = 15.0
+DEFAULT_SIMPLE_CUTOFF = 40.0
+
+
+def is_aimnet2_model(obj) -> bool:
+    """True for aimnet's `AIMNet2` (and subclasses); never imports aimnet for other objects."""
+    if not any(cls.__module__.split(".")[0] == "aimnet" for cls in type(obj).__mro__):
+        return False
+    from aimnet.models import AIMNet2
+
+    return isinstance(obj, AIMNet2)
+
+
+def _check_outputs(model) -> None:
+    for name, module in model.outputs.named_children():
+        kind = type(module).__name__
+        if kind == "LRCoulomb":
+            raise ValueError(
+                f"output {name!r} is aimnet's all-pairs LRCoulomb inside the network (the training "
+                "layout); convert the model to the released layout first (aimnet's export: "
+                "`aimnet.models.utils.strip_lr_modules_from_yaml` puts SRCoulomb inside and the "
+                "Coulomb term outside), then choose coulomb='dsf' or 'simple' here"
+            )
+        if kind not in _LOCAL_OUTPUTS:
+            raise NotImplementedError(
+                f"output {name!r} ({kind}) is not supported by mlipdd-aimnet2, which runs "
+                f"{', '.join(_LOCAL_OUTPUTS)}; remove it from model.outputs or use a model without it"
+            )
+
+
+class AIMNet2Wrapper(ModelWrapper):
+    """Energy, forces, stress and per-atom charges from an aimnet `AIMNet2` model.
+
+    ``coulomb``: ``"dsf"`` (periodic systems; default for models that need Coulomb),
+    ``"simple"`` (all pairs, open systems only) or ``"none"``. ``charge`` is the total
+    charge of systems whose batch carries none (``batch.charge`` wins). ``dispersion``
+    must be ``False`` for a model whose metadata asks for DFT-D3 outside the network:
+    mlipdd-aimnet2 does not compute it (the energies then lack that term).
+    """
+
+    def __init__(self, model: torch.nn.Module, metadata: dict | None = None, coulomb: str | None = None,
+                 dsf_alpha: float = DEFAULT_DSF_ALPHA, dsf_cutoff: float = DEFAULT_DSF_CUTOFF,
+                 simple_cutoff: float = DEFAULT_SIMPLE_CUTOFF, charge: float = 0.0,
+                 dispersion: bool | None = None, species=None):
+        super().__init__()
+        self.aimnet_version = require_aimnet()
+        if not is_aimnet2_model(model):
+            raise TypeError(
+                f"AIMNet2Wrapper needs aimnet's AIMNet2 model, got {type(model).__name__}; load one with "
+                "AIMNet2Wrapper.from_file(path) or AIMNet2Wrapper.from_name('aimnet2'), or build one with "
+                "mlipdd_aimnet2.building.random_aimnet2"
+            )
+        if model.num_charge_channels != 1:
+            raise NotImplementedError(
+                "this AIMNet2 has two charge channels (NSE, open-shell); mlipdd-aimnet2 runs closed-shell "
+                "models (num_charge_channels=1)"
+            )
+        _check_outputs(model)
+        metadata = dict(metadata if metadata is not None else (getattr(model, "metadata", None) or {}))
+        if metadata.get("needs_dispersion") and dispersion is not False:
+            raise ValueError(
+                "this AIMNet2 expects DFT-D3 dispersion added outside the network (metadata "
+                "needs_dispersion=True), which mlipdd-aimnet2 does not compute; pass dispersion=False "
+                "to run without it (energies and forces then lack the D3 term)"
+            )
+        has_sr = any(type(m).__name__ == "SRCoulomb" for m in model.outputs.children())
+        needs_coulomb = bool(metadata.get("needs_coulomb", has_sr))
+        if coulomb is None:
+            coulomb = "dsf" if needs_coulomb else "none"
+        if coulomb not in COULOMB_METHODS:
+            raise ValueError(f"coulomb={coulomb!r} is not one of {COULOMB_METHODS}")
+        if coulomb != "none" and not needs_coulomb:
+            raise ValueError(
+                f"coulomb={coulomb!r} was asked for, but this model has no Coulomb term outside its network "
+                "(metadata needs_coulomb is False); use coulomb='none'"
+            )
+        self.model = model
+        self.metadata = metadata
+        self.coulomb = coulomb
+        self.dsf_alpha = float(dsf_alpha)
+        self.coulomb_cutoff = {"dsf": float(dsf_cutoff), "simple": float(simple_cutoff)}.get(coulomb)
+        self.charge = float(charge)
+        self.short_cutoff = float(model.aev.rc_s)
+        if species is None:
+            from aimnet.models.utils import extract_species
+
+            species = metadata.get("implemented_species") or extract_species(model)
+        self.species = tuple(sorted(int(z) for z in species))
+        self.register_buffer("_supported", torch.zeros(128, dtype=torch.bool), persistent=False)
+        self._supported[list(self.species)] = True
+        cutoff = max(self.short_cutoff, self.coulomb_cutoff or 0.0)
+        dtype = next(model.parameters()).dtype
+        self.model_config = ModelConfig(
+            neighbor_config=NeighborConfig(cutoff=cutoff),
+            outputs=frozenset({"energy", "forces", "stress", "charges"}),
+            autograd_outputs=frozenset({"forces", "stress"}),
+            needs_system_charge=True,
+            supported_dtypes=(dtype,),
+            extra={"aimnet_version": self.aimnet_version, "coulomb": coulomb, "species": self.species},
+        )
+        model.requires_grad_(False)
+        self.eval()
+
+    # ---- constructors -----------------------------------------------------------------
+    @classmethod
+    def from_file(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
+                  **kwargs) -> AIMNet2Wrapper:
+        """An aimnet model file: a v2 ``.pt`` (state dict + metadata), read by aimnet's loader."""
+        from mlipdd_aimnet2.loading import load_file
+
+        model, metadata = load_file(path, device=device)
+        return cls(model.to(dtype) if dtype is not None else model, metadata=metadata, **kwargs)
+
+    @classmethod
+    def from_name(cls, name: str = "aimnet2", device: str = "cpu", dtype: torch.dtype | None = None,
+                  **kwargs) -> AIMNet2Wrapper:
+        """A released model by aimnet registry name (downloaded and cached by aimnet)."""
+        from mlipdd_aimnet2.loading import load_named
+
+        model, metadata = load_named(name, device=device)
+        return cls(model.to(dtype) if dtype is not None else model, metadata=metadata, **kwargs)
+
+    # ---- input checks -------------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def total_charge(self, batch: Batch) -> torch.Tensor:
+        """One integer total charge per system: ``batch.charge`` or the wrapper's ``charge``."""
+        charge = batch.charge
+        if charge is None:
+            charge = torch.full((batch.num_systems,), self.charge, dtype=batch.dtype, device=batch.device)
+        charge = charge.reshape(-1).to(batch.dtype)
+        off = (charge - torch.round(charge)).abs() > 1e-6
+        if bool(off.any()):
+            raise InputError(
+                f"total charge {charge[off].tolist()} of system(s) {torch.nonzero(off).flatten().tolist()} "
+                "is not an integer; AIMNet2 distributes an integer number of electrons: set the "
+                "batch's system property 'charge' to whole numbers"
+            )
+        return charge
+
+    def check_input(self, batch: Batch) -> None:
+        if batch.dtype != self.dtype:
+            raise InputError(
+                f"the batch positions are {batch.dtype} but the AIMNet2 model is {self.dtype}; convert one: "
+                f"batch.to(dtype={self.dtype}) or wrap model.to({batch.dtype})"
+            )
+        z = batch.atomic_numbers
+        supported = self._supported[z.clamp(0, 127)] & (z < 128)
+        if not bool(supported.all()):
+            bad = sorted({int(v) for v in z[~supported].tolist()})
+            raise InputError(
+                f"AIMNet2 was not trained on atomic number(s) {bad}; it covers {list(self.species)}: "
+                "remove those atoms or use a model trained on them"
+            )
+        periodic = batch.pbc.bool().any(dim=1)
+        if self.coulomb == "simple" and bool(periodic.any()):
+            raise InputError(
+                "coulomb='simple' (aimnet's all-pairs Coulomb) cannot sum a periodic cell: the pairs with "
+                "periodic images never end; use coulomb='dsf' for periodic systems"
+            )
+        if self.coulomb == "dsf" and not bool(periodic.all()):
+            raise InputError(
+                "coulomb='dsf' is the periodic Coulomb setting, but the batch holds a system without any "
+                "periodic direction; use coulomb='simple' (all pairs) for molecules, or give the system "
+                "a periodic cell"
+            )
+
+    # ---- forward ----------------------------------------------------------------------
+    def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
+        self.check_input(batch)
+        charge = self.total_charge(batch)
+        if batch.neighbors is None:
+            from mlipdd.neighbors import attach_neighbors
+
+            batch = Batch._from_dicts(dict(batch.node), dict(batch.system))
+            attach_neighbors(batch, self.cutoff)
+        positions = batch.positions
+        with torch.enable_grad():
+            if not positions.requires_grad:
+                positions = positions.detach().requires_grad_(True)
+            inputs, pos_used, cell = [positions], positions, batch.cell
+            if compute_stress:
+                strain = torch.zeros_like(batch.cell, requires_grad=True)
+                inputs.append(strain)
+                view = Batch._from_dicts({**batch.node, "positions": positions}, dict(batch.system))
+                pos_used, cell = strained(view, strain)
+            data = aimnet_inputs(batch, pos_used, cell, charge, self.short_cutoff, self.coulomb_cutoff)
+            data = self.model.forward_prepared(data)
+            energy = data["energy"].to(torch.float64)
+            if self.coulomb == "dsf":
+                energy = energy + dsf_energy(data, self.dsf_alpha, self.coulomb_cutoff)
+            elif self.coulomb == "simple":
+                energy = energy + simple_energy(data)
+            grads = torch.autograd.grad(energy.sum(), inputs)
+        out = {
+            "energy": energy.detach().to(batch.dtype),
+            "forces": -grads[0],
+            "charges": data["charges"].detach(),
+        }
+        if compute_stress:
+            volume = torch.linalg.det(batch.cell).abs().view(-1, 1, 1)
+            out["stress"] = grads[1] / volume
+        return out
+
+    # ---- distribution -------------------------------------------------------------------
+    def distribution_spec(self, strategy=None):
+        """Sharded storage by default (see the plugin README for why); halo on request."""
+        from mlipdd_aimnet2.spec import aimnet2_spec
+
+        return aimnet2_spec(strategy)
+
+    def extra_repr(self) -> str:
+        return (f"cutoff={self.cutoff}, coulomb={self.coulomb!r}, charge={self.charge}, "
+                f"species={list(self.species)}, dtype={self.dtype}")

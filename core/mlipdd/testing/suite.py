@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import pytest
-
 from mlipdd.testing.conformance import check_conformance
 from mlipdd.testing.systems import AWKWARD_CELLS
 
@@ -20,6 +18,10 @@ def conformance_suite(model_factory: Callable, species=(18,), spacing: float = 3
     ``model_factory`` must be a module-level callable (it is sent to the ranks).
     ``batch_transform`` adapts a built system (e.g. a dtype change) before the check.
     """
+    # pytest is imported here, not at module level: `mlipdd.testing` (systems, spawn,
+    # conformance) serves `mlipdd validate` on machines without pytest.
+    import pytest
+
     limits = {**DEFAULT_TOLERANCES, **(tolerances or {})}
 
     @pytest.mark.mlipdd_conformance

@@ -58,7 +58,8 @@ class MLIPDDCalculator(Calculator):
         periodic = bool(np.all(self.atoms.pbc))
         if "stress" in properties and not periodic:
             raise PropertyNotImplementedError("stress needs a cell periodic in all three directions")
-        batch = AtomicData.from_ase(self.atoms, dtype=self.dtype)
+        # checked here, in the parent: bad input then never reaches (and never stops) the ranks
+        batch = AtomicData.from_ase(self.atoms, dtype=self.dtype).validate()
         out = self._evaluate(batch, compute_stress=periodic)
         energy = float(out["energy"].reshape(-1)[0])
         self.results = {

@@ -55,6 +55,8 @@ def _rank_main(rank: int, world: int, port: int, parent_pid: int, model, config,
                device: str | None, conn) -> None:
     die_with_parent(parent_pid)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if backend == "gloo" and not os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # share the cores
     from mlipdd.data import InputError
     from mlipdd.distributed.manager import DistributedManager
     from mlipdd.distributed.model import DistributedModel
@@ -80,6 +82,8 @@ def _rank_main(rank: int, world: int, port: int, parent_pid: int, model, config,
                 conn.send(("ok", result if rank == 0 else None))
             except InputError as exc:  # agreed on every rank: the group is intact, keep serving
                 conn.send(("input_error", str(exc)))
+                # from a clean slate: the failed call may have left a half-updated decomposition
+                dm = DistributedModel(dm.model, config)
             except BaseException as exc:  # noqa: BLE001 - the group is torn down: report, stop
                 conn.send(("error", f"rank {rank}: {_describe(exc)}"))
                 return
@@ -156,7 +160,7 @@ class RankPool:
             conn.send(("compute", full if rank == 0 else None, compute_stress))
         answers = self._answers(timeout=None)
         input_errors = [payload for kind, payload in answers if kind == "input_error"]
-        if input_errors:
+        if input_errors:  # every rank agreed on it: the ranks are intact and keep serving
             raise InputError(input_errors[0])
         return answers[0][1]
 
@@ -183,7 +187,12 @@ class RankPool:
                               f"answer within {timeout:.0f} s")
                 break
         if errors:
-            self.close()
+            self.close()  # the group is torn down: these ranks cannot serve again
+            input_errors = [a[1] for a in answers if a is not None and a[0] == "input_error"]
+            if input_errors:  # bad input seen by one rank only; the others report the teardown
+                from mlipdd.data import InputError
+
+                raise InputError(input_errors[0])
             # the rank that failed first says why; the others only report the teardown
             errors.sort(key=lambda e: "RemoteRankError" in e or "stopped" in e)
             raise WorkerError(errors[0])

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import pytest
-
 from mlipdd.testing.conformance import check_conformance
 from mlipdd.testing.systems import AWKWARD_CELLS
 
@@ -22,6 +20,10 @@ def conformance_suite(model_factory: Callable, species=(18,), spacing: float = 3
     ``pytest --mlipdd-world-sizes=...`` overrides ``world_sizes`` for the run (the
     kit's pytest plugin parametrises ``world_size``).
     """
+    # pytest is imported here, not at module level: `mlipdd.testing` (systems, spawn,
+    # conformance) serves `mlipdd validate` on machines without pytest.
+    import pytest
+
     limits = {**DEFAULT_TOLERANCES, **(tolerances or {})}
 
     @pytest.mark.mlipdd_conformance(world_sizes=tuple(world_sizes))

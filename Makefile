@@ -40,11 +40,14 @@ install: $(INSTALL_STAMP)
 $(INSTALL_STAMP): $(PY) pyproject.toml $(wildcard requirements/*.txt) $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 	$(if $(PLUGINS_WITHOUT_PYPROJECT),@echo "skipping $(PLUGINS_WITHOUT_PYPROJECT): no pyproject.toml yet")
 	$(PIP) install -r requirements/torch.txt
-	# One resolver pass: core (editable, test extra), plugins (editable), MACE's real
-	# dependencies with the e3nn override, fairchem-core and aimnet with their dependencies.
+	# One resolver pass: core (editable, test extra), MACE's real dependencies with the
+	# e3nn override, fairchem-core and aimnet with their dependencies.
 	$(PIP) install -r requirements/torch.txt -r requirements/mace-upstream.txt \
-		-r requirements/uma-upstream.txt -r requirements/aimnet2-upstream.txt \
-		-e '.[test]' $(addprefix -e ,$(PLUGIN_DIRS))
+		-r requirements/uma-upstream.txt -r requirements/aimnet2-upstream.txt -e '.[test]'
+	# The plugins (editable) without a second resolver pass: mlipdd-mace declares
+	# mace-torch, whose e3nn==0.4.4 pin is the override above; every plugin's upstream
+	# is already in place from the requirements files.
+	$(PIP) install --no-deps $(addprefix -e ,$(PLUGIN_DIRS))
 	# mace-torch itself, without its e3nn==0.4.4 pin (see the top of this file).
 	$(PIP) install --no-deps -r requirements/mace-nodeps.txt
 	# Guard the override: both upstreams import side by side, e3nn is 0.6.0.

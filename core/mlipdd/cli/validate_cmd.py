@@ -1,7 +1,8 @@
 """``mlipdd validate MODEL``: check a registered model distributed vs one process.
 
-Runs `trace_and_validate` on spawned CPU ranks, prints the summary and exits 0 when
-the distributed run matches (1 otherwise). ``--save`` writes the working spec.
+Runs `trace_and_validate` on spawned CPU ranks under one strategy (``--strategy halo``,
+``sharded`` or ``graph_partition``), prints the summary and exits 0 when the distributed
+run matches (1 otherwise). ``--save`` writes the working spec.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import functools
 
 from mlipdd.cli.run_cmd import parse_model_args
 from mlipdd.data import InputError
+from mlipdd.validate.strategies import STRATEGY_PRESETS
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -25,6 +27,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add("--model-arg", dest="model_arg", action="append", default=[], metavar="KEY=VALUE",
         help="keyword argument for the model factory; repeat for several (values parsed as JSON)")
     add("--world-size", type=int, default=2, help="number of spawned ranks (default 2)")
+    add("--strategy", default="halo", choices=list(STRATEGY_PRESETS),
+        help="decomposition strategy the ranks run (default halo)")
     add("--spec", metavar="FILE", help="start from this spec file instead of the model's own")
     add("--system", default=None, metavar="NAME",
         help="sample cell from mlipdd.testing.systems (cubic, triclinic, small_cell, slab, "
@@ -60,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     factory = functools.partial(create_model, args.model, **parse_model_args(args.model_arg))
     spec = MLIPSpec.load(args.spec) if args.spec else None
     report = trace_and_validate(factory, _sample(args), world_size=args.world_size, spec=spec,
-                                max_attempts=args.max_attempts, device=args.device)
+                                max_attempts=args.max_attempts, device=args.device, strategy=args.strategy)
     print(report.summary())
     if report.ok and args.save:
         report.spec.save(args.save)

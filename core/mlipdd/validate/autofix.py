@@ -14,9 +14,10 @@ from collections.abc import Callable
 
 import torch
 
-from mlipdd.spec import HaloStoragePolicy, MLIPSpec, OutputKind
+from mlipdd.spec import HaloStoragePolicy, MLIPSpec, OutputKind, ShardedStoragePolicy
 from mlipdd.testing.conformance import relative_difference
 from mlipdd.validate.report import Attempt, ValidationReport
+from mlipdd.validate.strategies import strategy_preset
 
 Rule = Callable[[ValidationReport, MLIPSpec], "MLIPSpec | None"]
 
@@ -44,12 +45,13 @@ def _per_graph_outputs(spec: MLIPSpec) -> list[str]:
     return [n for n in names if spec.kind_of(n) in (OutputKind.PER_GRAPH, OutputKind.GLOBAL, OutputKind.UNKNOWN)]
 
 
-def use_halo_policy_for_the_halo_strategy(report: ValidationReport, spec: MLIPSpec):
-    """Symptom: the run refuses the spec because its policy (sharded, graph-parallel) does
-    not fit the halo strategy the validator runs. Fix: halo storage with default rules."""
-    attempt = report.last
-    if attempt.error and "does not fit the halo strategy" in attempt.error:
-        return spec.replace(policy=HaloStoragePolicy())
+def use_the_strategy_policy(report: ValidationReport, spec: MLIPSpec):
+    """Symptom: the run refuses the spec because its policy does not fit the strategy the
+    validator runs (a graph-parallel spec under halo, a halo spec under graph partition).
+    Fix: that strategy's storage policy with default rules (its preset's policy)."""
+    attempt, preset = report.last, strategy_preset(report.strategy)
+    if preset is not None and attempt.error and f"does not fit the {report.strategy} strategy" in attempt.error:
+        return spec.replace(policy=preset[1].policy)
     return None
 
 
@@ -71,7 +73,9 @@ def swap_local_scatter_for_halo_correction(report: ValidationReport, spec: MLIPS
     """Symptom: energy or forces wrong under a local policy or a halo policy with
     ``scatter="local"``: messages scattered into ghost rows never reach their owners and
     ghost features go stale after the first layer (owned atoms near the boundary are
-    wrong). Fix: halo storage with halo-corrected scatters and halo reads."""
+    wrong). Fix: halo storage with halo-corrected scatters and halo reads. The sharded
+    twin: a sharded policy with a ``"local"`` rule never fetches remote rows (or never
+    sends scatters to their owners); fix: both rules ``"distributed"``."""
     attempt, policy = report.last, spec.policy
     if attempt.error or not (_wrong(attempt, "energy") or _wrong(attempt, "forces")):
         return None
@@ -79,6 +83,8 @@ def swap_local_scatter_for_halo_correction(report: ValidationReport, spec: MLIPS
         return spec.replace(policy=HaloStoragePolicy())
     if policy.is_halo() and policy.scatter == "local":
         return spec.replace(policy=HaloStoragePolicy("halo_correction", "halo_read", policy.system_reductions))
+    if policy.is_sharded() and "local" in (policy.scatter, policy.gather):
+        return spec.replace(policy=ShardedStoragePolicy("distributed", "distributed", policy.system_reductions))
     return None
 
 
@@ -139,6 +145,8 @@ def toggle_owned_only_forces(report: ValidationReport, spec: MLIPSpec):
     attempt = report.last
     if attempt.error or not _wrong(attempt, "forces") or _wrong(attempt, "energy"):
         return None
+    if report.strategy == "sharded":
+        return None  # owned rows only: there are no ghost partials to keep or drop
     if "forces" in spec.owned_only_outputs:
         return spec.replace(owned_only_outputs=spec.owned_only_outputs - {"forces"})
     if "forces" in spec.all_reduce_outputs:
@@ -147,7 +155,7 @@ def toggle_owned_only_forces(report: ValidationReport, spec: MLIPSpec):
 
 
 AUTOFIX_RULES: tuple[Rule, ...] = (
-    use_halo_policy_for_the_halo_strategy,
+    use_the_strategy_policy,
     drop_redundant_all_reduce,
     swap_local_scatter_for_halo_correction,
     enable_system_reductions,

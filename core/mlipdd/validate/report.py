@@ -65,6 +65,7 @@ class ValidationReport:
     spec: Any = None
     attempts: list[Attempt] = field(default_factory=list)
     world_size: int = 2
+    strategy: str = "halo"  # the decomposition strategy the ranks ran
     diffs: dict[str, OutputDiff] = field(default_factory=dict)
     handlers_fired: dict[str, int] = field(default_factory=dict)
     op_counts: Counter = field(default_factory=Counter, repr=False)
@@ -94,7 +95,7 @@ class ValidationReport:
             lines = [f"validation {status} before any distributed run"]
             lines += [f"note: {note}" for note in self.notes]
             return "\n".join([*lines, f"Diagnosis: {self.diagnosis}", f"Next: {self.next_action}"])
-        head = f"validation {status} in {n} {plural} on {self.world_size} ranks"
+        head = f"validation {status} in {n} {plural} on {self.world_size} ranks ({self.strategy} strategy)"
         lines = [head + (f" (spec {spec_name!r})" if spec_name else "")]
         fixes = self.fixes_applied
         lines.append("auto-fix applied: none" if not fixes else "auto-fix applied:")

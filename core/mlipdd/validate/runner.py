@@ -1,10 +1,11 @@
 """`trace_and_validate`: reference run, spawned ranks, diff, auto-fix, diagnosis.
 
 Flow: build the model and run it single-process on the sample under an `OpTrace`
-(the truth, plus which ops it uses) -> pick the candidate spec -> run ``world_size``
-spawned gloo ranks with it and compare -> on a wrong answer, the first auto-fix rule
-that recognises the symptom proposes a spec and the ranks run again -> on a raised
-error, the translator turns it into a diagnosis and a fix.
+(the truth, plus which ops it uses) -> pick the candidate spec for the strategy (halo,
+sharded, graph partition) -> run ``world_size`` spawned gloo ranks under that strategy
+and compare -> on a wrong answer (or a spec the strategy refuses), the first auto-fix
+rule that recognises the symptom proposes a spec and the ranks run again -> on a
+raised error, the translator turns it into a diagnosis and a fix.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from collections.abc import Callable
 
 import torch
 
-from mlipdd.distributed.config import StrategyKind
-from mlipdd.distributed.model import resolve_spec
+from mlipdd.data import InputError
 from mlipdd.validate.attempt import default_tolerances, run_attempt
 from mlipdd.validate.autofix import AUTOFIX_RULES, describe_change
 from mlipdd.validate.cuda_check import cuda_check
 from mlipdd.validate.op_trace import OpTrace
 from mlipdd.validate.report import SAVE_HINT, ValidationReport
+from mlipdd.validate.strategies import strategy_name, strategy_preset
 from mlipdd.validate.translate import (
     Context,
     model_frame,
@@ -51,12 +52,21 @@ def _as_wrapper(model):
     return wrap_model(model)
 
 
-def _spec_source(model, spec) -> str:
+def initial_spec(model, strategy: str, spec=None):
+    """``(spec, where it came from)``: the one passed in, the wrapper's own for this
+    strategy, or the strategy's preset for plain models."""
     if spec is not None:
-        return "the spec passed in"
-    if model.distribution_spec(StrategyKind.HALO) is not None:
-        return "the wrapper's distribution_spec(StrategyKind.HALO)"
-    return "the inferred halo default SPEC_MPNN_HALO"
+        return spec, "the spec passed in"
+    own = model.distribution_spec(strategy)
+    if own is not None:
+        return own, f"the wrapper's distribution_spec({strategy!r})"
+    preset = strategy_preset(strategy)
+    if preset is None:
+        raise InputError(
+            f"the model declares no spec for the {strategy!r} strategy and there is no default "
+            "for it; pass spec=... (or have the wrapper's distribution_spec return one)"
+        )
+    return preset[1], f"the {strategy} default {preset[0]}"
 
 
 def _spec_key(spec) -> str:
@@ -70,20 +80,27 @@ def _fail(report: ValidationReport, error: BaseException, stage: str) -> Validat
     import traceback
 
     text = "".join(traceback.format_exception(error))
-    report.diagnosis, report.next_action = translate(text, Context(where=model_frame(text)), stage=stage)
+    ctx = Context(where=model_frame(text), strategy=report.strategy)
+    report.diagnosis, report.next_action = translate(text, ctx, stage=stage)
     return report
 
 
 def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: int = 2, spec=None,
                        max_attempts: int = 4, tolerances: dict | None = None, device=None,
-                       timeout: float = 300.0) -> ValidationReport:
+                       timeout: float = 300.0, strategy="halo") -> ValidationReport:
     """Check that ``model_factory()`` runs distributed exactly as single-process.
 
-    ``model_factory`` must be picklable (a module-level function, or
-    ``functools.partial`` of a class) because each spawned rank calls it. Returns a
-    `ValidationReport`; when ``report.ok``, ``report.spec`` is ready for ``save``.
+    ``strategy``: ``"halo"`` (default), ``"sharded"`` or ``"graph_partition"`` (or a
+    `StrategyKind`); the ranks run `DistributedModel` under it. ``model_factory`` must
+    be picklable (a module-level function, or ``functools.partial`` of a class) because
+    each spawned rank calls it. Returns a `ValidationReport`; when ``report.ok``,
+    ``report.spec`` is ready for ``save``.
     """
-    report = ValidationReport(world_size=world_size)
+    report = ValidationReport(world_size=world_size, strategy=str(getattr(strategy, "value", strategy)))
+    try:
+        report.strategy = strategy_name(strategy)
+    except InputError as exc:
+        return _fail(report, exc, "strategy choice")
     try:
         model = _as_wrapper(model_factory())
         batch = sample_batch if sample_batch is not None else default_sample(model)
@@ -111,8 +128,11 @@ def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: i
     if forces is not None and not bool(forces.abs().max() > 0):
         report.notes.append("the reference forces are all zero (no interacting pairs?): this check "
                             "proves little; pass a denser sample_batch or check the model's cutoff")
-    candidate = resolve_spec(model, StrategyKind.HALO, spec)
-    report.notes.append(f"initial spec {candidate.name or '(unnamed)'!r} from {_spec_source(model, spec)}")
+    try:
+        candidate, source = initial_spec(model, report.strategy, spec)
+    except InputError as exc:
+        return _fail(report, exc, "spec choice")
+    report.notes.append(f"initial spec {candidate.name or '(unnamed)'!r} from {source}")
     _attempt_loop(report, candidate, model_factory, batch, max_attempts, timeout)
     _conclude(report, max_attempts)
     if device is not None and str(device).startswith("cuda"):
@@ -125,7 +145,8 @@ def _attempt_loop(report, spec, model_factory, batch, max_attempts, timeout) -> 
     change = "initial spec"
     for number in range(1, max(1, max_attempts) + 1):
         attempt = run_attempt(number, change, spec, model_factory, batch, report.reference,
-                              report.world_size, report.tolerances, timeout=timeout)
+                              report.world_size, report.tolerances,
+                              config_kwargs={"strategy": report.strategy}, timeout=timeout)
         report.attempts.append(attempt)
         if attempt.ok:
             return
@@ -165,7 +186,7 @@ def _conclude(report: ValidationReport, max_attempts: int) -> None:
     if last.error:
         failures = last.outputs.get("failures", {})
         text = origin_traceback(failures) if failures else last.error
-        ctx = Context(opaque_ops=uncovered, where=model_frame(text))
+        ctx = Context(opaque_ops=uncovered, where=model_frame(text), strategy=report.strategy)
         report.diagnosis, report.next_action = translate(text, ctx)
         return
     wrong = ", ".join(f"{n} (rel {d.rel:.1e})" for n, d in last.diffs.items() if not d.ok)
@@ -180,7 +201,7 @@ def _conclude(report: ValidationReport, max_attempts: int) -> None:
                               "partial sums AllReduceSum()")
     elif report.unhandled_aggregations:
         ops = ", ".join(report.unhandled_aggregations)
-        report.diagnosis = f"wrong {wrong}; the model accumulates rows with {ops}, which has no halo rule"
+        report.diagnosis = f"wrong {wrong}; the model accumulates rows with {ops}, which has no {report.strategy} rule"
         report.next_action = (f"replace {ops} with scatter_add / index_add (out of place, or rebound: "
                               "x = x.index_add_(...)) so the dispatch can complete the sums across ranks")
     else:

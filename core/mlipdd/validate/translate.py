@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from mlipdd.validate.op_trace import op_attribute_path
+from mlipdd.validate.strategies import strategy_preset
 
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Failure|Warning|Interrupt)[\w]*): (.*)$")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
@@ -25,6 +26,7 @@ _MACHINERY = ("/torch/", "/mlipdd/shard/", "/mlipdd/distributed/", "/mlipdd/test
 class Context:
     opaque_ops: list[str] = field(default_factory=list)
     where: str = ""  # "file:line (code)" of the model frame that raised, when known
+    strategy: str = "halo"  # the strategy the ranks ran
 
 
 def _pair(diagnosis: str, next_action: str) -> tuple[str, str]:
@@ -124,11 +126,48 @@ def _cutoff(message: str, ctx: Context):
 
 
 def _wrong_policy(message: str, ctx: Context):
-    if "does not fit the halo strategy" not in message:
+    match = re.search(r"does not fit the (\w+) strategy", message)
+    if match is None:
+        return None
+    strategy = match.group(1)
+    preset = strategy_preset(strategy)
+    fits = f"a spec made for it (e.g. mlipdd.spec.{preset[0]})" if preset else "a spec made for it"
+    return _pair(
+        f"the spec's storage policy does not fit the {strategy} strategy the ranks ran",
+        f"use {fits}, or validate under the strategy the spec was written for (strategy= / --strategy)",
+    )
+
+
+def _unknown_strategy(message: str, ctx: Context):
+    if "unknown strategy" not in message:
+        return None
+    return _pair(message.partition(": ")[2] or message,
+                 "pass strategy='halo', 'sharded' or 'graph_partition' (--strategy on the command line)")
+
+
+def _rows_out_of_bounds(message: str, ctx: Context):
+    if ctx.strategy == "halo" or not re.search(r"out of bounds for dimension 0", message):
+        return None
+    where = f" at {ctx.where}" if ctx.where else ""
+    return _pair(
+        f"the model indexed a per-atom tensor past the rows this rank stores{where}; under "
+        f"{ctx.strategy} storage a rank holds only its owned rows, so a tensor sized by a count "
+        "(len(batch), n_atoms) and read by sender index reaches rows of other ranks",
+        "create per-atom state from an input tensor (torch.zeros_like(batch.positions[:, :1]), "
+        "positions.new_zeros(...)) so the dispatch knows its layout, then re-validate; or "
+        "validate under strategy='halo'",
+    )
+
+
+def _partition_unaware(message: str, ctx: Context):
+    if "without asking for its node partition" not in message:
         return None
     return _pair(
-        "the spec's storage policy is not a halo policy, but validation runs the halo strategy",
-        "use a spec with HaloStoragePolicy (e.g. mlipdd.spec.SPEC_MPNN_HALO)",
+        "the model ran under graph partition without using the partition helpers, so each "
+        "rank computed the whole system",
+        "call mlipdd.shard.graph_parallel's keep_owned_receivers, gather_nodes, local_receivers "
+        "and sum_over_ranks in the model (see mlipdd.testing.graph_building_model; each is the "
+        "identity in one process), or validate under strategy='halo' or 'sharded'",
     )
 
 
@@ -169,8 +208,8 @@ def _unknown_model(message: str, ctx: Context):
     )
 
 
-PATTERNS = (_unknown_model, _dropped_rebind, _non_finite_input, _non_finite_output, _unknown_element, _cutoff,
-            _wrong_policy, _hang, _opaque_op)
+PATTERNS = (_unknown_model, _unknown_strategy, _dropped_rebind, _non_finite_input, _non_finite_output,
+            _unknown_element, _cutoff, _wrong_policy, _partition_unaware, _rows_out_of_bounds, _hang, _opaque_op)
 
 
 def translate(message: str, ctx: Context | None = None, *, stage: str = "distributed run") -> tuple[str, str]:

@@ -2,7 +2,7 @@
 
 Single-process code, free of distributed logic: under domain decomposition the core
 hands it a halo-padded batch and the `SPEC_MPNN_HALO` spec makes mace's scatters and
-per-system sums exchange ghost rows (see ARCHITECTURE.md, "One halo step").
+per-system sums exchange ghost rows (see docs/architecture.md, "One distributed forward").
 """
 
 from __future__ import annotations

@@ -1,0 +1,36 @@
+"""What validation needs to know per strategy: its name, the spec it starts from when
+the model declares none, and the preset whose policy fits it (for the auto-fix rule and
+the translator). A strategy without an entry here is validated from the model's own
+spec (or the one passed in)."""
+
+from __future__ import annotations
+
+from mlipdd.data import InputError
+from mlipdd.spec.presets import SPEC_MPNN_GP, SPEC_MPNN_HALO, SPEC_MPNN_SHARDED
+from mlipdd.strategy import strategy_for
+
+# the preset a plain model runs under, per strategy (its policy is the one that fits)
+STRATEGY_PRESETS = {
+    "halo": ("SPEC_MPNN_HALO", SPEC_MPNN_HALO),
+    "sharded": ("SPEC_MPNN_SHARDED", SPEC_MPNN_SHARDED),
+    "graph_partition": ("SPEC_MPNN_GP", SPEC_MPNN_GP),
+}
+
+
+def strategy_name(strategy) -> str:
+    """``StrategyKind.SHARDED`` or ``"sharded"`` -> ``"sharded"``; a name no strategy is
+    registered under is an input error naming the built-in ones."""
+    name = str(getattr(strategy, "value", strategy))
+    try:
+        strategy_for(name)
+    except (ValueError, KeyError, NotImplementedError) as exc:
+        raise InputError(
+            f"unknown strategy {name!r} ({exc}); use one of {', '.join(STRATEGY_PRESETS)} "
+            "or a strategy a plugin registers"
+        ) from None
+    return name
+
+
+def strategy_preset(name: str):
+    """``(preset name, spec)`` a plain model starts from under strategy ``name``, or None."""
+    return STRATEGY_PRESETS.get(name)

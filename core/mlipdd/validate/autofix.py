@@ -73,9 +73,7 @@ def swap_local_scatter_for_halo_correction(report: ValidationReport, spec: MLIPS
     """Symptom: energy or forces wrong under a local policy or a halo policy with
     ``scatter="local"``: messages scattered into ghost rows never reach their owners and
     ghost features go stale after the first layer (owned atoms near the boundary are
-    wrong). Fix: halo storage with halo-corrected scatters and halo reads. The sharded
-    twin: a sharded policy with a ``"local"`` rule never fetches remote rows (or never
-    sends scatters to their owners); fix: both rules ``"distributed"``."""
+    wrong). Fix: halo storage with halo-corrected scatters and halo reads."""
     attempt, policy = report.last, spec.policy
     if attempt.error or not (_wrong(attempt, "energy") or _wrong(attempt, "forces")):
         return None
@@ -83,9 +81,22 @@ def swap_local_scatter_for_halo_correction(report: ValidationReport, spec: MLIPS
         return spec.replace(policy=HaloStoragePolicy())
     if policy.is_halo() and policy.scatter == "local":
         return spec.replace(policy=HaloStoragePolicy("halo_correction", "halo_read", policy.system_reductions))
-    if policy.is_sharded() and "local" in (policy.scatter, policy.gather):
-        return spec.replace(policy=ShardedStoragePolicy("distributed", "distributed", policy.system_reductions))
     return None
+
+
+def route_sharded_reads_and_scatters(report: ValidationReport, spec: MLIPSpec):
+    """Symptom: under sharded storage, a policy with a ``"local"`` rule and either a wrong
+    energy/forces or an index past the rank's rows: with ``gather="local"`` a read of a
+    remote atom (a sender owned elsewhere) indexes rows this rank does not store; with
+    ``scatter="local"`` contributions to remote rows never reach their owners. Fix: both
+    rules ``"distributed"`` (reads routed to owners, scatters sent to them)."""
+    attempt, policy = report.last, spec.policy
+    if report.strategy != "sharded" or not policy.is_sharded() or "local" not in (policy.scatter, policy.gather):
+        return None
+    out_of_rows = bool(attempt.error) and "out of bounds for dimension 0" in attempt.error
+    if not (out_of_rows or _wrong(attempt, "energy") or _wrong(attempt, "forces")):
+        return None
+    return spec.replace(policy=ShardedStoragePolicy("distributed", "distributed", policy.system_reductions))
 
 
 def enable_system_reductions(report: ValidationReport, spec: MLIPSpec):
@@ -156,6 +167,7 @@ def toggle_owned_only_forces(report: ValidationReport, spec: MLIPSpec):
 
 AUTOFIX_RULES: tuple[Rule, ...] = (
     use_the_strategy_policy,
+    route_sharded_reads_and_scatters,
     drop_redundant_all_reduce,
     swap_local_scatter_for_halo_correction,
     enable_system_reductions,

@@ -177,7 +177,7 @@ def _conclude(report: ValidationReport, max_attempts: int) -> None:
         report.next_action = SAVE_HINT
         if len(report.attempts) > 1:
             first = report.attempts[0]
-            report.diagnosis = (f"the initial spec {first.spec_name!r} was {first.outcome}; "
+            report.diagnosis = (f"the initial spec {first.spec_name!r} did not pass ({first.outcome}); "
                                 f"auto-fixed: {'; '.join(report.fixes_applied)}")
             report.next_action += " (or put the fixed spec in the wrapper's distribution_spec)"
         return

@@ -387,7 +387,8 @@ def get_strategy(name: str) -> type:
 
 def _unknown_message(kind: str, name: str, known: dict, reg: Registry) -> str:
     listed = ", ".join(sorted(known)) or "(none)"
-    message = f"unknown {kind} {name!r}; known {kind}s: {listed}. `mlipdd plugins` shows what is installed."
+    kinds = "strategies" if kind == "strategy" else f"{kind}s"
+    message = f"unknown {kind} {name!r}; known {kinds}: {listed}. `mlipdd plugins` shows what is installed."
     if reg.failed:
         failed = "; ".join(f"{f.name}: {f.error}" for f in reg.failed)
         message += f" Some plugins failed to load and may have provided it: {failed}"

@@ -27,8 +27,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add("--model-arg", dest="model_arg", action="append", default=[], metavar="KEY=VALUE",
         help="keyword argument for the model factory; repeat for several (values parsed as JSON)")
     add("--world-size", type=int, default=2, help="number of spawned ranks (default 2)")
-    add("--strategy", default="halo", choices=list(STRATEGY_PRESETS),
-        help="decomposition strategy the ranks run (default halo)")
+    add("--strategy", default="halo", metavar="NAME",
+        help=f"decomposition strategy the ranks run: {', '.join(STRATEGY_PRESETS)} or one a plugin "
+             "registers (default halo)")
     add("--spec", metavar="FILE", help="start from this spec file instead of the model's own")
     add("--system", default=None, metavar="NAME",
         help="sample cell from mlipdd.testing.systems (cubic, triclinic, small_cell, slab, "

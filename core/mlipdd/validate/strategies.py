@@ -19,15 +19,12 @@ STRATEGY_PRESETS = {
 
 def strategy_name(strategy) -> str:
     """``StrategyKind.SHARDED`` or ``"sharded"`` -> ``"sharded"``; a name no strategy is
-    registered under is an input error naming the built-in ones."""
+    registered under (built-in or a plugin's) is an input error listing the known ones."""
     name = str(getattr(strategy, "value", strategy))
     try:
         strategy_for(name)
-    except (ValueError, KeyError, NotImplementedError) as exc:
-        raise InputError(
-            f"unknown strategy {name!r} ({exc}); use one of {', '.join(STRATEGY_PRESETS)} "
-            "or a strategy a plugin registers"
-        ) from None
+    except LookupError as exc:
+        raise InputError(str(exc).strip("'\"")) from None
     return name
 
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from mlipdd.comm import default_backend, rank_device
+from mlipdd.comm import default_backend, group_rank, group_size, rank_device
 
 
 def _env_int(*names: str, default: int | None = None) -> int | None:
@@ -49,8 +49,8 @@ class DistributedManager:
             backend = backend or default_backend(use_cuda)
             dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
             self._owns_group = True
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
+        self.rank = group_rank()
+        self.world_size = group_size()
         self.backend = dist.get_backend()
         self.local_rank = _env_int("LOCAL_RANK", "SLURM_LOCALID", default=self.rank % max(1, torch.cuda.device_count() or 1))
         if device is None:

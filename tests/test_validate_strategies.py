@@ -7,7 +7,9 @@ The halo strategy's validation is tested in test_validate.py.
 import functools
 
 import pytest
+import torch
 from mlipdd.cli import main
+from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig
 from mlipdd.models.lj import LennardJones
 from mlipdd.spec import (
     SPEC_MPNN_GP,
@@ -49,6 +51,32 @@ def test_graph_partition_validation_and_a_partition_unaware_model():
     assert not unaware.ok and unaware.spec is None
     assert "without using the partition helpers" in unaware.diagnosis
     assert "gather_nodes" in unaware.next_action and "strategy='halo'" in unaware.next_action
+
+
+class IntSizedState(ModelWrapper):
+    """Per-atom state sized by ``int(n)`` and read by sender: the row layout is lost, so
+    sharded storage cannot route the read (halo storage reads its ghost rows)."""
+
+    def __init__(self):
+        super().__init__()
+        self.model_config = ModelConfig(NeighborConfig(4.5))
+        self.weight = torch.nn.Parameter(torch.tensor(0.3, dtype=torch.float64))
+
+    def atomic_energies(self, batch, positions, cell):
+        nl = batch.neighbors
+        sender, receiver = nl.edge_index
+        d = (positions[receiver] + nl.shifts(cell, batch.batch) - positions[sender]).norm(dim=1)
+        pair = torch.exp(-d) * (d < self.cutoff)  # edges in the skin add nothing
+        state = torch.full((int(positions.shape[0]),), 0.5, dtype=positions.dtype)
+        return self.weight * torch.zeros_like(positions[:, 0]).index_add(0, receiver, state[sender] * pair)
+
+
+def test_sharded_validation_names_the_creation_site_of_an_uninferred_tensor():
+    report = trace_and_validate(IntSizedState, strategy="sharded")
+    assert not report.ok and report.spec is None
+    assert "UninferredRowsError" in report.attempts[0].error
+    assert "test_validate_strategies.py" in report.diagnosis and "state = torch.full" in report.diagnosis
+    assert report.next_action.startswith("Create it from an input") and "zeros_like" in report.next_action
 
 
 SHARDED_WRONG_SPECS = {
@@ -108,6 +136,17 @@ def test_unknown_strategy_is_reported_before_any_run(capsys):
 def test_translator_knows_the_strategy(message, strategy, expected):
     diagnosis, next_action = translate(message, Context(strategy=strategy))
     assert diagnosis and expected in next_action
+
+
+def test_the_dispatch_s_own_row_error_keeps_its_creation_site():
+    message = ("mlipdd.shard.owned_rows.UninferredRowsError: index 142 is out of bounds for dimension 0 "
+               "with size 129: under sharded storage this rank holds its 129 owned atoms, and rows past "
+               "them belong to other ranks. This plain tensor of 129 rows was created at my_model.py:31 "
+               "with a plain int size, so mlipdd cannot tell that it holds atom rows and route the read. "
+               "Create it from an input so it is sharded like the inputs: torch.zeros_like(h)")
+    diagnosis, next_action = translate(message, Context(strategy="sharded"))
+    assert diagnosis.startswith("index 142") and "my_model.py:31" in diagnosis
+    assert next_action.startswith("Create it from an input so it is sharded") and "zeros_like(h)" in next_action
 
 
 def test_out_of_bounds_under_halo_is_not_blamed_on_sharded_storage():

@@ -39,6 +39,12 @@ def exception_line(text: str) -> str:
     return found[-1].strip() if found else text.strip().splitlines()[-1].strip() if text.strip() else ""
 
 
+def exception_body(line: str) -> str:
+    """``pkg.SomeError: message`` -> ``message``."""
+    match = _EXCEPTION_LINE.match(line.strip())
+    return match.group(2) if match else line.strip()
+
+
 def _is_machinery(path: str) -> bool:
     standard_library = "/lib/python3" in path and "-packages/" not in path
     return standard_library or any(part in path for part in _MACHINERY)
@@ -148,6 +154,10 @@ def _unknown_strategy(message: str, ctx: Context):
 def _rows_out_of_bounds(message: str, ctx: Context):
     if ctx.strategy == "halo" or not re.search(r"out of bounds for dimension 0", message):
         return None
+    # the dispatch's own UninferredRowsError already names the tensor's creation site and the fix
+    explained, found, fix = message.partition(". Create it from an input")
+    if found:
+        return _pair(exception_body(explained), f"Create it from an input{fix}, then re-validate")
     where = f" at {ctx.where}" if ctx.where else ""
     return _pair(
         f"the model indexed a per-atom tensor past the rows this rank stores{where}; under "

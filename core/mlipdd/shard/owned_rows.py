@@ -11,8 +11,9 @@ sees, so ``state[sender]`` would index past its end. Two pieces make it owned ro
    remembers the layout it counts (rule ``sharded_row_count``). Arithmetic on it
    gives a plain int again, so only the count itself carries the layout.
 2. `OwnedRowsMode`: while the sharded forward runs, a factory (``torch.zeros``,
-   ``ones``, ``empty``, ``full``, ``rand``, ``randn``, ``Tensor.new_*``) whose leading
-   size is a `RowCount` returns a ShardTensor of owned rows.
+   ``ones``, ``empty``, ``full``, ``rand``, ``randn``, ``Tensor.new_*``, and
+   ``expand`` / ``broadcast_to`` of a plain tensor) whose leading size is a `RowCount`
+   returns a ShardTensor of owned rows.
 
 A leading size that merely equals the owned row count (a plain int: ``int(n)``, a
 count read from a plain tensor) is not trusted: it may be a feature width that
@@ -89,13 +90,15 @@ def sharded_row_count(func, meta, args, kwargs):
 
 # ---- 2. factories inside the forward ----------------------------------------------------
 _FACTORIES = {torch.zeros, torch.ones, torch.empty, torch.full, torch.rand, torch.randn}
-_NEW_FACTORIES = {torch.Tensor.new_zeros, torch.Tensor.new_ones, torch.Tensor.new_empty, torch.Tensor.new_full}
+# sizes after a first tensor argument: x.new_zeros(n, F), w.expand(n, F), broadcast_to(w, (n, F))
+_NEW_FACTORIES = {torch.Tensor.new_zeros, torch.Tensor.new_ones, torch.Tensor.new_empty, torch.Tensor.new_full,
+                  torch.Tensor.expand, torch.broadcast_to}
 _READS = {torch.Tensor.__getitem__, torch.Tensor.index_select, torch.index_select, torch.Tensor.gather,
           torch.gather}
-# frames of these packages are not "where the model created it"
+# where a creation site is not the model's: torch itself, and the core's distributed layers
+_TORCH = os.path.dirname(torch.__file__) + os.sep
 _MLIPDD = os.path.dirname(sys.modules["mlipdd"].__file__)
-_SKIP_DIRS = (os.path.dirname(torch.__file__) + os.sep,
-              *(os.path.join(_MLIPDD, layer) + os.sep for layer in ("shard", "strategy", "distributed", "spec")))
+_CORE = tuple(os.path.join(_MLIPDD, layer) + os.sep for layer in ("shard", "strategy", "distributed", "spec"))
 
 
 def _leading_size(func, args, kwargs):
@@ -129,10 +132,10 @@ class OwnedRowsMode(TorchFunctionMode):
 
     def _remember(self, tensor: torch.Tensor, func) -> None:
         frame = sys._getframe(2)  # the code that called the factory
-        while frame is not None and frame.f_code.co_filename.startswith(_SKIP_DIRS):
+        while frame is not None and frame.f_code.co_filename.startswith(_TORCH):
             frame = frame.f_back
-        if frame is None:
-            return  # created by torch or mlipdd itself, not by the model
+        if frame is None or frame.f_code.co_filename.startswith(_CORE):
+            return  # the core's own bookkeeping (exchanges, their backward), not the model
         where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
         line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
         key = id(tensor)

@@ -19,7 +19,6 @@ from mlipdd.strategy import (
     HaloStrategy,
     ShardedStrategy,
     Strategy,
-    strategy_for,
 )
 from mlipdd.strategy.outputs import consolidate_outputs
 from mlipdd.testing import run_ranks
@@ -107,7 +106,7 @@ def test_builtin_strategies_register_through_the_builtin_plugin():
     expected = {"halo": HaloStrategy, "sharded": ShardedStrategy, "graph_partition": GraphPartitionStrategy}
     for name, cls in expected.items():
         assert reg.strategies[name].cls is cls and reg.strategies[name].plugin == "builtin"
-        assert strategy_for(StrategyKind(name)) is cls
+        assert plugins.get_strategy(StrategyKind(name).value) is cls
 
 
 def test_strategy_is_an_abstract_base_class():

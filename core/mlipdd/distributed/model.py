@@ -14,9 +14,9 @@ from torch import nn
 from mlipdd.comm import agree_on_errors, check_together, fail_together, nccl_device
 from mlipdd.data import Batch, InputError
 from mlipdd.distributed.config import DomainConfig, StrategyKind
+from mlipdd.plugins import get_strategy
 from mlipdd.shard.custom_ops import activated
 from mlipdd.spec.patching import installed
-from mlipdd.strategy import strategy_for
 
 
 def resolve_spec(model, strategy: StrategyKind | str, spec=None):
@@ -48,7 +48,7 @@ class DistributedModel(nn.Module):
         self.model = model
         self.config = config
         self.group = group
-        strategy_cls = strategy_for(config.strategy)
+        strategy_cls = get_strategy(config.strategy_name)
         self.spec = resolve_spec(model, config.strategy, spec)
         policy = self.spec.distribution.policy
         if not strategy_cls.accepts(policy):

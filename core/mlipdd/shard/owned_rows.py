@@ -10,35 +10,39 @@ sees, so ``state[sender]`` would index past its end. Two pieces make it owned ro
    ``.size()`` or ``len()`` (``batch.num_atoms`` included), is an ``int`` that
    remembers the layout it counts (rule ``sharded_row_count``). Arithmetic on it
    gives a plain int again, so only the count itself carries the layout.
-2. `OwnedRowsMode`: while the sharded forward runs, a factory (``torch.zeros``,
-   ``ones``, ``empty``, ``full``, ``rand``, ``randn``, ``Tensor.new_*``) whose leading
-   size is a `RowCount` returns a ShardTensor of owned rows.
+2. `owned_rows_scope`: while the sharded forward runs, a factory (``torch.zeros``,
+   ``ones``, ``empty``, ``full``, ``rand``, ``randn``, ``Tensor.new_*``, and
+   ``expand`` / ``broadcast_to`` of a plain tensor) whose leading size is a `RowCount`
+   returns a ShardTensor of owned rows (NOTE [patched factories]).
 
 A leading size that merely equals the owned row count (a plain int: ``int(n)``, a
 count read from a plain tensor) is not trusted: it may be a feature width that
 matches on this rank only, and ranks guessing differently would issue different
 collectives. Such a tensor stays plain; its creation site is remembered, and a read
-of a remote row from it raises `UninferredRowsError` naming that site and the fix.
+of a remote row from it (an index past the owned rows) raises `UninferredRowsError`
+naming that site, the line of the read and the fix.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import linecache
 import os
 import sys
-import weakref
+import threading
+import traceback
 from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Self
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from mlipdd.shard.layouts import Sharded
 from mlipdd.shard.registry import register
 from mlipdd.shard.tensor import ShardMeta, ShardTensor
 
-__all__ = ["OwnedRowsMode", "RowCount", "UninferredRowsError", "owned_rows_scope"]
+__all__ = ["RowCount", "UninferredRowsError", "owned_rows_scope"]
 
 
 class RowCount(int):
@@ -88,85 +92,153 @@ def sharded_row_count(func, meta, args, kwargs):
 
 
 # ---- 2. factories inside the forward ----------------------------------------------------
-_FACTORIES = {torch.zeros, torch.ones, torch.empty, torch.full, torch.rand, torch.randn}
-_NEW_FACTORIES = {torch.Tensor.new_zeros, torch.Tensor.new_ones, torch.Tensor.new_empty, torch.Tensor.new_full}
-_READS = {torch.Tensor.__getitem__, torch.Tensor.index_select, torch.index_select, torch.Tensor.gather,
-          torch.gather}
-# frames of these packages are not "where the model created it"
+# NOTE [patched factories]: a torch-function mode would see these calls too, but it puts
+# a Python call in front of every op of the forward (a pass-through mode: +14 %
+# to +21 % CPU time on a small charge-equilibration forward, benchmarks/sharded_owned_rows.py).
+# Instead the few factories are wrapped while a sharded forward runs (+8 % on the same
+# forward, from re-assigning them on entry and exit) and given back after it, so torch
+# is unchanged outside (torch.jit.script, fx). The wrappers act only in the context that
+# entered the scope (a ContextVar): another thread gets torch's own result.
+_TORCH_FACTORIES = ("zeros", "ones", "empty", "full", "rand", "randn")
+_FROM_TENSOR = ("broadcast_to",)  # torch.f(tensor, size): sizes after a tensor
+_TENSOR_METHODS = ("new_zeros", "new_ones", "new_empty", "new_full", "expand")
+
+# where a creation site is not the model's: torch itself, and the core's distributed layers
+_TORCH = os.path.dirname(torch.__file__) + os.sep
 _MLIPDD = os.path.dirname(sys.modules["mlipdd"].__file__)
-_SKIP_DIRS = (os.path.dirname(torch.__file__) + os.sep,
-              *(os.path.join(_MLIPDD, layer) + os.sep for layer in ("shard", "strategy", "distributed", "spec")))
+_CORE = tuple(os.path.join(_MLIPDD, layer) + os.sep for layer in ("shard", "strategy", "distributed", "spec"))
 
 
-def _leading_size(func, args, kwargs):
-    sizes = args[1:] if func in _NEW_FACTORIES else args
+class _Scope:
+    """One sharded forward: its layout and the plain n_owned-row tensors the model made."""
+
+    def __init__(self, meta: ShardMeta):
+        self.meta = meta
+        self.sites: list[str] = []
+
+    def remember(self) -> None:
+        frame = sys._getframe(2)  # the code that called the factory
+        if frame.f_code.co_filename.startswith((_TORCH, *_CORE)):
+            return  # torch's or the core's own bookkeeping, not the model
+        line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+        site = f"{frame.f_code.co_filename}:{frame.f_lineno} ({line})"
+        if site not in self.sites:
+            self.sites.append(site)
+
+
+_ACTIVE: ContextVar[_Scope | None] = ContextVar("mlipdd_owned_rows", default=None)
+
+
+def _leading_size(sizes: tuple, kwargs: dict):
     first = kwargs["size"] if "size" in kwargs else (sizes[0] if sizes else None)
     if isinstance(first, (tuple, list)):
         first = first[0] if first else None
     return first
 
 
-class OwnedRowsMode(TorchFunctionMode):
-    """Owned rows for factories given a `RowCount`; a clear error for the ones that were not."""
+def _owned_rows_factory(original, skip: int):
+    """``original`` (a factory), returning owned rows when given a RowCount; ``skip``
+    leading arguments come before the sizes (the tensor of ``x.new_zeros``)."""
 
-    def __init__(self, meta: ShardMeta):
-        super().__init__()
-        self.meta = meta
-        self.sites: dict[int, tuple[weakref.ref, str]] = {}  # plain tensors of n_owned rows
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in _READS and args and type(args[0]) is torch.Tensor:
-            return self._read(func, args, kwargs)
-        out = func(*args, **kwargs)
-        if (func in _FACTORIES or func in _NEW_FACTORIES) and type(out) is torch.Tensor and out.dim():
-            size = _leading_size(func, args, kwargs)
-            if isinstance(size, RowCount):
-                return ShardTensor.wrap(out, size.meta)
-            if size == self.meta.n_owned and size != self.meta.n_edges:
-                self._remember(out, func)
+    @functools.wraps(original)
+    def factory(*args, **kwargs):
+        out = original(*args, **kwargs)
+        scope = _ACTIVE.get()
+        if scope is None or type(out) is not torch.Tensor or out.dim() == 0:
+            return out
+        size = _leading_size(args[skip:], kwargs)
+        if isinstance(size, RowCount):
+            return ShardTensor.wrap(out, size.meta)
+        if size == scope.meta.n_owned and size != scope.meta.n_edges:
+            scope.remember()
         return out
 
-    def _remember(self, tensor: torch.Tensor, func) -> None:
-        frame = sys._getframe(2)  # the code that called the factory
-        while frame is not None and frame.f_code.co_filename.startswith(_SKIP_DIRS):
-            frame = frame.f_back
-        if frame is None:
-            return  # created by torch or mlipdd itself, not by the model
-        where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
-        line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
-        key = id(tensor)
-        self.sites[key] = (weakref.ref(tensor, lambda _: self.sites.pop(key, None)), f"{where} ({line})")
-
-    def _read(self, func, args, kwargs):
-        try:
-            return func(*args, **kwargs)
-        except (IndexError, RuntimeError) as exc:
-            x = args[0]
-            if x.dim() == 0 or x.shape[0] != self.meta.n_owned or "out of" not in str(exc):
-                raise
-            entry = self.sites.get(id(x))
-            site = entry[1] if entry is not None and entry[0]() is x else None
-            raise UninferredRowsError(_message(x, self.meta, site, exc)) from exc
+    factory.__wrapped_by_mlipdd__ = original
+    return factory
 
 
-def _message(x: torch.Tensor, meta: ShardMeta, site: str | None, exc: Exception) -> str:
-    origin = (
-        f"created at {site} with a plain int size" if site is not None
-        else "computed from plain tensors only (not from the model's inputs)"
+_PATCH_LOCK = threading.Lock()
+_PATCH_DEPTH = 0
+_SAVED: list[tuple[object, str, object]] = []
+
+
+def _install() -> None:
+    """Wrap the factories (the outermost of nested or concurrent scopes does)."""
+    global _PATCH_DEPTH
+    with _PATCH_LOCK:
+        _PATCH_DEPTH += 1
+        if _PATCH_DEPTH > 1:
+            return
+        targets = [(torch, name, 0) for name in _TORCH_FACTORIES]
+        targets += [(torch, name, 1) for name in _FROM_TENSOR]
+        targets += [(torch.Tensor, name, 1) for name in _TENSOR_METHODS]
+        for owner, name, skip in targets:
+            _SAVED.append((owner, name, owner.__dict__.get(name)))
+            setattr(owner, name, _owned_rows_factory(getattr(owner, name), skip))
+
+
+def _uninstall() -> None:
+    """Give torch its own factories back (the last scope out does)."""
+    global _PATCH_DEPTH
+    with _PATCH_LOCK:
+        _PATCH_DEPTH -= 1
+        if _PATCH_DEPTH > 0:
+            return
+        for owner, name, saved in reversed(_SAVED):
+            if saved is None:
+                delattr(owner, name)  # the method lives on a base class (TensorBase)
+            else:
+                setattr(owner, name, saved)
+        _SAVED.clear()
+
+
+def _is_row_index_error(exc: BaseException, meta: ShardMeta) -> bool:
+    text = str(exc)
+    return isinstance(exc, (IndexError, RuntimeError)) and not isinstance(exc, UninferredRowsError) and (
+        f"with size {meta.n_owned}" in text or "index out of range in self" in text
     )
+
+
+def _read_site(exc: BaseException) -> str:
+    """The model's line where the failing read happened (last frame outside torch/core)."""
+    where = ""
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        name = frame.f_code.co_filename
+        if not name.startswith((_TORCH, *_CORE)):
+            where = f"{name}:{lineno} ({linecache.getline(name, lineno).strip()})"
+    return where
+
+
+def _message(exc: BaseException, scope: _Scope) -> str:
+    meta = scope.meta
+    if scope.sites:
+        origin = "was created with a plain int size at " + "; or ".join(scope.sites)
+    else:
+        origin = "was computed from plain tensors only (not from the model's inputs)"
+    read = _read_site(exc)
     return (
-        f"{exc}: under sharded storage this rank holds its {meta.n_owned} owned atoms, and rows "
-        f"past them belong to other ranks. This plain tensor of {x.shape[0]} rows was {origin}, "
-        "so mlipdd cannot tell that it holds atom rows and route the read. Create it from an "
-        "input so it is sharded like the inputs: torch.zeros_like(h) or positions.new_zeros(n, ...), "
-        "or take its size as n = batch.num_atoms / positions.shape[0] (not int(...) of it, which "
-        "drops the row layout)"
+        f"{exc}{f' at {read}' if read else ''}: under sharded storage this rank holds its "
+        f"{meta.n_owned} owned atoms, and rows past them belong to other ranks. The plain tensor "
+        f"read there has {meta.n_owned} rows and {origin}, so mlipdd cannot tell that it holds "
+        "atom rows and route the read. Create it from an input so it is sharded like the "
+        "inputs: torch.zeros_like(h) or positions.new_zeros(n, ...), or take its size as "
+        "n = batch.num_atoms / positions.shape[0] (not int(...) of it, which drops the row layout)"
     )
 
 
 @contextlib.contextmanager
-def owned_rows_scope(meta: ShardMeta) -> Iterator[OwnedRowsMode]:
-    """Around a sharded forward: factories given a `RowCount` make owned rows."""
-    with OwnedRowsMode(meta) as mode:
-        yield mode
+def owned_rows_scope(meta: ShardMeta) -> Iterator[None]:
+    """Around a sharded forward: factories given a `RowCount` make owned rows, and a read
+    of a remote row from a plain tensor is explained (NOTE [row counts])."""
+    scope = _Scope(meta)
+    token = _ACTIVE.set(scope)
+    _install()
+    try:
+        yield
+    except (IndexError, RuntimeError) as exc:
+        if _is_row_index_error(exc, meta):
+            raise UninferredRowsError(_message(exc, scope)) from exc
+        raise
+    finally:
+        _uninstall()
+        _ACTIVE.reset(token)

@@ -65,7 +65,6 @@ class HaloPlanner(OnGroup):
         self.requested_grid = grid
         self.group = group
         self.grid: RankGrid | None = None
-        self.state: HaloState | None = None
         self.rebuilds = 0
 
     def grid_for(self, cell: torch.Tensor) -> RankGrid:
@@ -80,10 +79,14 @@ class HaloPlanner(OnGroup):
     def from_config(cls, config, group=None) -> HaloPlanner:
         return cls(config.halo_width, config.grid, group, cutoff=config.cutoff, skin=config.skin)
 
-    def prepare(self, batch: Batch) -> HaloState | None:
+    def prepare(self, batch: Batch, state) -> HaloState | None:
         """Collective: at a rebuild (decided by all ranks), validate, migrate and build the
-        halo; returns the new state, or None when the current one still holds."""
-        if not any_rank(self.needs_rebuild(batch, self.skin), self.group):
+        halo; returns the new state, or None when ``state`` (the caller's current one, a
+        `HaloState` or any state with its rebuild fields; None: none yet) still holds.
+
+        The planner keeps no state itself, so a strategy that rewrites the plan (sharded
+        storage) does not keep the halo's ghost data alive."""
+        if not any_rank(self.needs_rebuild(batch, state), self.group):
             return None
         check_together(check_domain_inputs, batch, group=self.group)
         self.migrate(batch)
@@ -101,7 +104,6 @@ class HaloPlanner(OnGroup):
         owned = scatter_objects(parts, self.group)
         owned = owned.to(device) if device is not None else owned
         self.grid_for(owned.cell)
-        self.state = None
         return owned
 
     def _split(self, full: Batch | None) -> list[Batch]:
@@ -172,7 +174,6 @@ class HaloPlanner(OnGroup):
         padded = self.padded_positions(positions, cell, state).detach()
         state.reference_padded = padded
         state.neighbors = local_neighbors(padded, batch, state, nl_cutoff)
-        self.state = state
         self.rebuilds += 1
         return state
 
@@ -180,9 +181,9 @@ class HaloPlanner(OnGroup):
         shift = torch.einsum("gi,gij->gj", state.ghost_unit_shift, cell.detach()[state.ghost_system])
         return pad(owned, state.plan, shift)
 
-    def needs_rebuild(self, batch: Batch, skin: float) -> bool:
+    def needs_rebuild(self, batch: Batch, state) -> bool:
         """Rank-local answer; reduced across ranks by the caller."""
-        state = self.state
+        skin = self.skin
         if state is None or batch.num_atoms != state.plan.n_owned:
             return True
         if not torch.equal(batch.atom_ids, state.atom_ids) or not torch.equal(batch.cell.detach(), state.reference_cell):
@@ -201,6 +202,7 @@ class HaloStrategy(Strategy):
     def __init__(self, planner: HaloPlanner):
         self.halo = planner
         self.group = planner.group
+        self.state: HaloState | None = None
 
     @classmethod
     def from_config(cls, config, group=None) -> HaloStrategy:
@@ -218,15 +220,12 @@ class HaloStrategy(Strategy):
     def rebuilds(self) -> int:
         return self.halo.rebuilds
 
-    @property
-    def state(self) -> HaloState | None:
-        return self.halo.state
-
     def partition(self, full: Batch | None, device=None) -> Batch:
+        self.state = None
         return self.halo.partition(full, device)
 
     def prepare(self, batch: Batch) -> None:
-        self.halo.prepare(batch)
+        self.state = self.halo.prepare(batch, self.state) or self.state
 
     def model_batch(self, batch: Batch, spec) -> tuple[Batch, ShardMeta]:
         """The batch the model sees: ``[owned | ghost]`` rows, positions as a ShardTensor."""

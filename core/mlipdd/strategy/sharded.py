@@ -84,7 +84,7 @@ class ShardedStrategy(Strategy):
 
     def prepare(self, batch: Batch) -> None:
         """Collective: when the halo plan is rebuilt, rewrite it over owned rows."""
-        halo = self.halo.prepare(batch)
+        halo = self.halo.prepare(batch, self.state)
         if halo is not None:
             check_together(check_rows_distinct, batch, group=self.group)
             self.state = shard_halo(halo, batch, self.rank, self.group)

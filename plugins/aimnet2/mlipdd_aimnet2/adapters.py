@@ -47,7 +47,7 @@ def halo_refreshed_convolution(original, self, data: dict, a: torch.Tensor) -> t
     from mlipdd.shard import ShardTensor, halo_fill, local
 
     out = original(self, data, a)
-    if not isinstance(out, ShardTensor) or out.meta.scatter_rule != "halo_correction":
+    if not isinstance(out, ShardTensor) or not (out.meta.layout.is_halo() and out.meta.layout.correct_scatters):
         return out  # one process, or sharded storage (no ghost rows)
     return ShardTensor.wrap(halo_fill(local(out), out.meta.plan), out.meta)
 

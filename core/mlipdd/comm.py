@@ -213,7 +213,9 @@ def fail_together(group=None):
     except (RemoteRankError, DistributedInputError):
         raise
     except Exception as exc:
-        if group_size(group) == 1:
+        # an exception every rank raises together (agreed first, e.g. a clean stop on a
+        # signal) is not a failure of this rank: nothing to publish, nothing to abort
+        if group_size(group) == 1 or getattr(exc, "raised_on_every_rank", False):
             raise
         remote = _remote_failure()
         if remote is not None and remote[0] != dist.get_rank():

@@ -34,6 +34,7 @@ from ase import units
 
 from mlipdd.data import Batch, InputError
 from mlipdd.dynamics import reduce as _reduce
+from mlipdd.dynamics import stop as _stop
 from mlipdd.dynamics.reduce import GlobalReducer
 
 DEFAULT_SKIN = 0.5  # Angstrom, for the neighbour-list hook added automatically
@@ -266,6 +267,15 @@ class BaseDynamics:
             if checks_convergence and self.reduce.any(bool(self.converged())):
                 self.fire(DynamicsStage.ON_CONVERGE)
                 break
+            if _stop.watching() and self.reduce.any(_stop.stop_requested() is not None):
+                # every rank stops after this same step (NOTE [clean stop]); AFTER_RUN
+                # closes the trajectory and writes the last checkpoint first
+                self.fire(DynamicsStage.AFTER_RUN)
+                raise _stop.RunStopped(
+                    self.step_count,
+                    _stop.stop_requested() or "a stop was requested on another rank",
+                    _stop.requested_signal(),
+                )
         self.fire(DynamicsStage.AFTER_RUN)
         return batch
 

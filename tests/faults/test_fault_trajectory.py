@@ -61,7 +61,9 @@ def _assert_same_file(path, reference, label, tol=1e-8):
         assert len(tokens) == len(ref_tokens), f"{label}, line {number}: {line!r} vs {ref!r}"
         for a, b in zip(tokens, ref_tokens, strict=True):
             if isinstance(b, float):
-                assert abs(a - b) <= tol + 1e-12 * abs(b), f"{label}, line {number}: {line!r} vs {ref!r}"
+                assert abs(a - b) <= tol + 1e-12 * abs(b), (
+                    f"{label}, line {number}: {line!r} vs {ref!r}"
+                )
             else:
                 assert a == b, f"{label}, line {number}: {line!r} vs {ref!r}"
 

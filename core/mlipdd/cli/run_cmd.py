@@ -168,6 +168,9 @@ def run(args: argparse.Namespace) -> int:
     except RunStopped as exc:
         print(stopped_message(cfg, exc), file=sys.stderr, flush=True)
         return exc.exit_code
+    except InputError as exc:  # bad input or a blow-up: the message says it all
+        print(f"mlipdd run: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

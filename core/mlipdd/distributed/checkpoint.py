@@ -22,7 +22,8 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,12 @@ VERSION = 1
 # node/system fields that are outputs or views, recomputed on restart
 _DERIVED_NODE = {"forces", "unwrapped_positions", "energies"}
 _DERIVED_SYSTEM = {"energy", "stress"}
-# integrator attributes that are wiring, not state
-_NOT_STATE = {"model", "hooks", "batch", "outputs", "reduce", "target_step"}
+# integrator settings a checkpoint records, to tell the user when the script's differ
+SETTINGS = ("dt_fs", "temperature_K", "friction_per_fs", "seed", "tdamp_fs", "pressure_bar", "pdamp_fs")
+
+
+class CheckpointSettingsWarning(UserWarning):
+    """The integrator's settings differ from the checkpoint's; the integrator's are used."""
 
 
 @dataclass
@@ -48,6 +53,7 @@ class Checkpoint:
     dynamics_class: str
     dynamics_state: dict[str, Any]
     world_size: int  # ranks of the run that wrote it (informational)
+    dynamics_settings: dict[str, Any] = field(default_factory=dict)  # dt, temperature, ...
 
     @property
     def step(self) -> int:
@@ -55,18 +61,6 @@ class Checkpoint:
 
 
 # ---- integrator state ---------------------------------------------------------------------
-def _plain(value) -> bool:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return True
-    if torch.is_tensor(value):
-        return True
-    if isinstance(value, (list, tuple)):
-        return all(_plain(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
-    return False
-
-
 def _to_cpu(value):
     if torch.is_tensor(value):
         return value.detach().cpu().clone()
@@ -95,27 +89,27 @@ def _integrator(dynamics):
 
 
 def dynamics_state(dynamics) -> dict[str, Any]:
-    """The integrator's restartable state.
+    """The integrator's restartable state: its ``state_dict()`` (see NOTE [declared state]
+    in `mlipdd.dynamics.base`). Per-atom state must live on the batch as a node property:
+    an attribute holds only this rank's atoms under domain decomposition."""
+    return _to_cpu(dict(_integrator(dynamics).state_dict()))
 
-    An integrator with ``state_dict()`` decides itself; otherwise every attribute holding
-    numbers, strings or tensors (step count, seed, thermostat variables, bath energy) is
-    kept. Per-atom state must live on the batch as a node property: an attribute holds
-    only this rank's atoms under domain decomposition.
-    """
+
+def dynamics_settings(dynamics) -> dict[str, Any]:
     dyn = _integrator(dynamics)
-    custom = getattr(dyn, "state_dict", None)
-    if callable(custom):
-        state = dict(custom())
-    else:
-        state = {k: v for k, v in vars(dyn).items() if k not in _NOT_STATE and _plain(v)}
-    return _to_cpu(state)
+    return _to_cpu({name: getattr(dyn, name) for name in SETTINGS if hasattr(dyn, name)})
 
 
 def restore_dynamics(dynamics, checkpoint: Checkpoint, device=None) -> None:
     """Put the checkpoint's integrator state into ``dynamics`` (same integrator class).
 
-    Settings kept as attributes (dt, temperature, seed, friction) come back too, so the
-    trajectory continues exactly; change them after restoring if that is the intent.
+    Only the integrator's declared state comes back (step count, thermostat and barostat
+    variables, the bath-energy ledger), never its wiring or checks. **Settings are the
+    script's**: dt, temperature, friction, seed, damping times and pressure stay what the
+    integrator was built with, as in LAMMPS, where the input script's ``timestep`` and
+    fixes apply after ``read_restart``. When they differ from the checkpoint's, a
+    `CheckpointSettingsWarning` names each one (build the integrator with the checkpoint's
+    values to continue the very same trajectory).
     """
     dyn = _integrator(dynamics)
     name = type(dyn).__name__
@@ -128,13 +122,44 @@ def restore_dynamics(dynamics, checkpoint: Checkpoint, device=None) -> None:
     state = checkpoint.dynamics_state
     if device is not None:
         state = _to_device(state, device)
-    custom = getattr(dyn, "load_state_dict", None)
-    if callable(custom):
-        custom(state)
-    else:
-        for key, value in state.items():
-            setattr(dyn, key, value)
+    dyn.load_state_dict(state)
     dyn.target_step = dyn.step_count
+    if getattr(dyn.reduce, "is_root", True):
+        _warn_about_settings(dyn, checkpoint)
+
+
+def _warn_about_settings(dyn, checkpoint: Checkpoint) -> None:
+    # checkpoints written before settings were kept apart hold them among the state
+    saved = checkpoint.dynamics_settings or {
+        k: v for k, v in checkpoint.dynamics_state.items() if k in SETTINGS
+    }
+    for name, value in saved.items():
+        if not hasattr(dyn, name):
+            continue
+        current = getattr(dyn, name)
+        if _same(current, value):
+            continue
+        warnings.warn(
+            f"the checkpoint was written with {name} = {_show(value)} but this integrator has "
+            f"{_show(current)}: the integrator's value is used. To continue the very same "
+            f"trajectory, build the integrator with {name} = {_show(value)}",
+            CheckpointSettingsWarning,
+            stacklevel=3,
+        )
+
+
+def _same(a, b) -> bool:
+    try:
+        ta, tb = torch.as_tensor(a).cpu().double(), torch.as_tensor(b).cpu().double()
+        return ta.shape == tb.shape and bool(torch.allclose(ta, tb, rtol=1e-12, atol=0))
+    except (TypeError, ValueError, RuntimeError):
+        return a == b
+
+
+def _show(value) -> str:
+    if torch.is_tensor(value):
+        value = value.tolist()
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 # ---- the file -----------------------------------------------------------------------------
@@ -151,6 +176,7 @@ def checkpoint_payload(full: Batch, dynamics, world_size: int = 1) -> dict[str, 
         "system": _to_cpu(system),
         "dynamics_class": type(_integrator(dynamics)).__name__,
         "dynamics_state": dynamics_state(dynamics),
+        "dynamics_settings": dynamics_settings(dynamics),
     }
 
 
@@ -202,7 +228,13 @@ def load_checkpoint(path: str | Path, device=None) -> Checkpoint:
     batch = Batch._from_dicts(data["node"], data["system"])
     if device is not None:
         batch = batch.to(device)
-    return Checkpoint(batch, data["dynamics_class"], data["dynamics_state"], int(data["world_size"]))
+    return Checkpoint(
+        batch,
+        data["dynamics_class"],
+        data["dynamics_state"],
+        int(data["world_size"]),
+        data.get("dynamics_settings") or {},
+    )
 
 
 class CheckpointWriter:

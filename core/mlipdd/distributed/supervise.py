@@ -159,6 +159,8 @@ class Supervisor:
                 return 128 + self.stop_signal
             stop_codes = [r.code for r in self.ranks if r.code != 0]
             return stop_codes[0] if stop_codes else 0
+        if self.stop_signal is None and all(r.code == EXIT_INPUT for r in failed):
+            return EXIT_INPUT  # bad input: rank 0 has said what and how to fix it
         first = failed[0]
         for r in failed:
             if r is first:
@@ -173,8 +175,6 @@ class Supervisor:
             else:
                 note = ""
             self._say(f"rank {r.rank} (pid {r.process.pid}) {describe_exit(r.code)}{note}")
-        if self.stop_signal is None and all(r.code == EXIT_INPUT for r in failed):
-            return EXIT_INPUT
         return EXIT_FAILED
 
     def _say(self, text: str) -> None:

@@ -32,7 +32,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from ase import units
 
-from mlipdd.data import Batch, InputError
+from mlipdd.data import Batch, InputError, check_not_empty
 from mlipdd.dynamics import reduce as _reduce
 from mlipdd.dynamics import stop as _stop
 from mlipdd.dynamics.reduce import GlobalReducer
@@ -153,6 +153,37 @@ class BaseDynamics:
         self.target_step = 0
         self.batch: Batch | None = None
         self.outputs: dict[str, torch.Tensor] = {}
+
+    # ---- restartable state ----------------------------------------------------------------
+    # NOTE [declared state]: a checkpoint restores these attributes and nothing else
+    # (never hooks, checks or settings such as dt and temperature: those are the script's);
+    # integrators with more state (thermostat chains) override state_dict/load_state_dict.
+    state_fields: tuple[str, ...] = ("step_count",)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.state_fields}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the declared `state_fields` found in ``state``; other keys are ignored."""
+        step = state.get("step_count", self.step_count)
+        if isinstance(step, torch.Tensor):
+            step = step.item()
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise InputError(
+                f"the saved step_count {step!r} is not a non-negative integer; the checkpoint is "
+                "damaged or was not written by mlipdd: use another one"
+            )
+        self.step_count = self.target_step = int(step)
+        for name in self.state_fields:
+            if name == "step_count" or name not in state:
+                continue
+            value = state[name]
+            if value is not None and not isinstance(value, (torch.Tensor, int, float)):
+                raise InputError(
+                    f"the saved {name!r} is a {type(value).__name__}, not a number or tensor; "
+                    "the checkpoint is damaged or was not written by mlipdd: use another one"
+                )
+            setattr(self, name, value)
 
     # ---- hooks --------------------------------------------------------------------------
     def add_hook(self, hook: DynamicsHook, first: bool = False) -> None:
@@ -360,6 +391,8 @@ class BaseDynamics:
                 "mlipdd.dynamics.initialize_velocities(batch, temperature, seed)"
             )
         batch.validate(require=self.required_fields)
+        if not self.reduce.is_distributed:  # a rank may own no atoms; a whole system may not
+            check_not_empty(batch)
         supported = _supported_dtypes(self.model)
         if supported and batch.dtype not in supported:
             raise InputError(

@@ -5,6 +5,7 @@ Catalogue entries L1-L5 (see README.md in this folder).
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 
@@ -113,3 +114,13 @@ def test_a_suspended_rank_fails_the_run_at_the_collective_timeout(tmp_path):
     err = stderr_of(tmp_path)
     assert "collective_timeout = 4 s" in err and "--collective-timeout" in err
     assert f"rank 1 (pid {ranks[1]}) was killed by SIGKILL (signal 9) (it was suspended" in err
+
+
+def test_one_default_collective_timeout():
+    """L5: the CLI setting and the library's manager share the documented default."""
+    from mlipdd.distributed.manager import DEFAULT_COLLECTIVE_TIMEOUT_S, DistributedManager
+    from mlipdd.dynamics.simulation import RunConfig
+
+    assert RunConfig().collective_timeout == DEFAULT_COLLECTIVE_TIMEOUT_S == 300.0
+    default = inspect.signature(DistributedManager).parameters["timeout_s"].default
+    assert default == DEFAULT_COLLECTIVE_TIMEOUT_S

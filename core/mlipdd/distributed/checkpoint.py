@@ -7,9 +7,11 @@ What a restart needs to continue the *same* trajectory:
   any extra node property, e.g. per-atom integrator state that travels with atoms);
 * the per-system fields (cell, pbc, charge, ...), energy/forces excepted: they are
   recomputed from the positions at restart;
-* the integrator's state: step count (which also keys the Langevin noise: the noise is
-  a pure function of seed, step and atom id, so there is no generator state to save),
-  seed, thermostat / barostat variables, the bath-energy ledger.
+* the integrator's declared state (``state_dict()``): step count (which also keys the
+  Langevin noise: the noise is a pure function of seed, step and atom id, so there is no
+  generator state to save), thermostat / barostat variables, the bath-energy ledger;
+* the integrator's settings (dt, temperature, seed, ...), recorded only to tell the user
+  when the restarted script's differ: the script's win (`restore_dynamics`).
 
 The file is written by one process (rank 0) to a temporary name in the same folder,
 synced, then renamed over the target, so a reader sees the old or the new checkpoint,
@@ -181,21 +183,61 @@ def checkpoint_payload(full: Batch, dynamics, world_size: int = 1) -> dict[str, 
 
 
 def write_atomically(payload: dict, path: str | Path) -> Path:
-    """torch.save to a temporary file beside ``path``, fsync, then rename over ``path``."""
+    """torch.save to a temporary file beside ``path``, fsync, then rename over ``path``.
+
+    A write killed outright (SIGKILL, power loss) leaves its temporary file behind; the
+    next successful write of the same checkpoint removes such leftovers
+    (`remove_leftover_temporaries`). The file gets the permissions of any new file
+    (``mkstemp`` alone would make it private to its owner).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             torch.save(payload, handle)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    remove_leftover_temporaries(path)
     return path
+
+
+def _temporary_prefix(path: Path) -> str:
+    return f".{path.name}."
+
+
+def _umask() -> int:
+    try:  # Linux: read it without changing it (os.umask would, for a moment, process-wide)
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def remove_leftover_temporaries(path: str | Path) -> list[Path]:
+    """Delete the temporary files of earlier, interrupted writes of checkpoint ``path``.
+
+    Only one process writes a given checkpoint (rank 0), so once it has finished a write,
+    any other ``.NAME.*.tmp`` beside it belongs to a write that will never finish.
+    """
+    path = Path(path)
+    removed = []
+    for leftover in path.parent.glob(f"{_temporary_prefix(path)}*.tmp"):
+        with contextlib.suppress(OSError):
+            leftover.unlink()
+            removed.append(leftover)
+    return removed
 
 
 def save_checkpoint(path: str | Path, full: Batch, dynamics, world_size: int = 1) -> Path:

@@ -56,9 +56,8 @@ class RunConfig:
     nproc: int = 1  # local ranks `mlipdd run` starts itself (torchrun / srun: ranks join)
     strategy: str = "halo"
     grid: list[int] | None = None  # rank grid (gx, gy, gz); None: the least halo
-    # seconds a rank waits in a collective for the others before failing: a few MD steps
-    # take far less, so a suspended or wedged rank is reported in minutes, not hung on;
-    # rank 0 alone reads the structure and writes checkpoints, so leave room for those
+    # seconds a rank waits in a collective for the others before the run fails
+    # (mlipdd.distributed.manager.DEFAULT_COLLECTIVE_TIMEOUT_S says why this value)
     collective_timeout: float = 300.0
     checkpoint: str | None = None  # write the full state here (also when stopped by a signal)
     checkpoint_every: int = 1000

@@ -21,7 +21,8 @@ can fail:
   store and tears the group down, so the peers' pending collective fails at once;
   they catch that, read the message and raise it. No hang, no timeout to wait out.
 
-This module imports nothing of mlipdd but `mlipdd.data` (for `InputError`), so every
+This module imports nothing of mlipdd but `mlipdd.data` (for `InputError`) and
+`mlipdd.group_abort` (tearing a group down without waiting, NCCL included), so every
 layer (shard, strategy, distributed, validate) may use it.
 """
 
@@ -29,16 +30,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
+from mlipdd import group_abort
 from mlipdd.data import InputError
 
 T = TypeVar("T")
 
-_STORE_KEY = "mlipdd/failure"
 
 
 # ---- ranks and sizes ------------------------------------------------------------------------
@@ -207,46 +208,43 @@ def _store():
 
 @contextlib.contextmanager
 def fail_together(group=None):
-    """Around collective code: a local exception stops every rank with its message."""
+    """Around collective code: a local exception stops every rank with its message.
+
+    The failing rank publishes its error in the store and aborts the group; the peers'
+    pending collectives then fail and they raise that error (see NOTE [aborting a group]
+    in `mlipdd.group_abort` for NCCL, where a watcher thread does the peers' abort).
+    """
+    if group_size(group) > 1:
+        group_abort.watch_for_peer_failures(_store(), group)
     try:
         yield
     except (RemoteRankError, DistributedInputError):
         raise
     except Exception as exc:
-        if group_size(group) == 1:
+        # an exception every rank raises together (agreed first, e.g. a clean stop on a
+        # signal) is not a failure of this rank: nothing to publish, nothing to abort
+        if group_size(group) == 1 or getattr(exc, "raised_on_every_rank", False):
             raise
-        remote = _remote_failure()
-        if remote is not None and remote[0] != dist.get_rank():
+        rank, store = dist.get_rank(), _store()
+        remote = group_abort.read_failure(store)
+        if remote is not None and remote[0] != rank:
+            group_abort.acknowledge(store)
+            group_abort.abort_group()  # no destroy: on NCCL it would wait for the failed rank
             raise RemoteRankError(f"rank {remote[0]} failed: {remote[1]}") from exc
-        _publish_and_abort(exc)
+        _publish_and_abort(exc, rank, store)
         raise
 
 
-def _remote_failure():
-    store = _store()
-    if store is None:
-        return None
-    try:
-        if store.check([_STORE_KEY]):
-            rank, text = store.get(_STORE_KEY).decode().split("|", 1)
-            return int(rank), text
-    except Exception:  # noqa: BLE001 - the store may be gone with the group
-        return None
-    return None
+_KEPT_STORES = []
 
 
-_KEPT_STORES: list[Any] = []
-
-
-def _publish_and_abort(exc: BaseException) -> None:
-    store = _store()
+def _publish_and_abort(exc: BaseException, rank: int, store) -> None:
+    peers = dist.get_world_size() - 1
     if store is not None:
         _KEPT_STORES.append(store)  # rank 0 hosts the store: keep it alive for the peers
-        try:
-            store.compare_set(_STORE_KEY, "", f"{dist.get_rank()}|{type(exc).__name__}: {exc}")
-        except Exception:  # noqa: BLE001, S110 - best effort: the peers still fail on the torn-down group
-            pass
-    # Tearing the group down closes its connections, which makes the peers' pending
-    # collective fail now rather than at the timeout.
-    with contextlib.suppress(Exception):
-        dist.destroy_process_group()
+        group_abort.publish(store, rank, f"{type(exc).__name__}: {exc}")
+    # gloo: closing the connections fails the peers' pending collective now rather than
+    # at the timeout; NCCL: abort, which (unlike destroy) does not wait for the peers
+    group_abort.abort_group()
+    if store is not None:
+        group_abort.wait_for_acknowledgements(store, peers)

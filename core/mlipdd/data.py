@@ -331,6 +331,19 @@ class AtomicData(Batch):
         return atoms
 
 
+def check_not_empty(batch: Batch) -> None:
+    """A whole system (not one rank's part of it) must hold atoms: with none there is no
+    temperature, no per-atom energy, no box to split; say so instead of dividing by zero."""
+    counts = batch.atoms_per_system.tolist() if batch.num_systems else []
+    empty = [s for s, n in enumerate(counts) if n == 0]
+    if batch.num_atoms == 0 or empty:
+        which = "the system has no atoms" if len(counts) <= 1 else f"systems {empty} have no atoms"
+        raise InputError(
+            f"{which}; give a structure with at least one atom (an empty or unreadable file? "
+            "check the structure file and the --system argument)"
+        )
+
+
 def validate_batch(batch: Batch, require: Iterable[str] = ()) -> None:
     """Checks every rule that would otherwise give a silently wrong answer or a crash deep inside."""
     n = batch.num_atoms

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,17 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--strategy", choices=("halo",), default=s, help=f"decomposition (default {d.strategy})")
     add("--grid", type=_grid, default=s, metavar="GX,GY,GZ", help="rank grid (default: least halo)")
+    add("--checkpoint", default=s, metavar="PATH", help="write the full state here every "
+        "--checkpoint-every steps, at the end, and when stopped by SIGTERM/SIGHUP/Ctrl-C")
+    add("--checkpoint-every", type=int, default=s, help=f"default {d.checkpoint_every}")
+    add(
+        "--collective-timeout",
+        type=float,
+        default=s,
+        metavar="SECONDS",
+        help="with several ranks: how long a rank waits for the others in a collective before "
+        f"the run fails (a suspended or wedged rank); default {d.collective_timeout:g}",
+    )
     add("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -147,7 +159,18 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if cfg.nproc > 1 or launched_world_size() > 1:
         return run_command(cfg, json_output=args.json)
-    summary = run_simulation(cfg)
+    from mlipdd.dynamics.simulation import stopped_message
+    from mlipdd.dynamics.stop import RunStopped, stop_on_signals
+
+    try:
+        with stop_on_signals():  # SIGTERM / SIGHUP / Ctrl-C: stop after the step, write files
+            summary = run_simulation(cfg)
+    except RunStopped as exc:
+        print(stopped_message(cfg, exc), file=sys.stderr, flush=True)
+        return exc.exit_code
+    except InputError as exc:  # bad input or a blow-up: the message says it all
+        print(f"mlipdd run: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

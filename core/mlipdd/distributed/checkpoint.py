@@ -7,9 +7,11 @@ What a restart needs to continue the *same* trajectory:
   any extra node property, e.g. per-atom integrator state that travels with atoms);
 * the per-system fields (cell, pbc, charge, ...), energy/forces excepted: they are
   recomputed from the positions at restart;
-* the integrator's state: step count (which also keys the Langevin noise: the noise is
-  a pure function of seed, step and atom id, so there is no generator state to save),
-  seed, thermostat / barostat variables, the bath-energy ledger.
+* the integrator's declared state (``state_dict()``): step count (which also keys the
+  Langevin noise: the noise is a pure function of seed, step and atom id, so there is no
+  generator state to save), thermostat / barostat variables, the bath-energy ledger;
+* the integrator's settings (dt, temperature, seed, ...), recorded only to tell the user
+  when the restarted script's differ: the script's win (`restore_dynamics`).
 
 The file is written by one process (rank 0) to a temporary name in the same folder,
 synced, then renamed over the target, so a reader sees the old or the new checkpoint,
@@ -22,7 +24,8 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +41,12 @@ VERSION = 1
 # node/system fields that are outputs or views, recomputed on restart
 _DERIVED_NODE = {"forces", "unwrapped_positions", "energies"}
 _DERIVED_SYSTEM = {"energy", "stress"}
-# integrator attributes that are wiring, not state
-_NOT_STATE = {"model", "hooks", "batch", "outputs", "reduce", "target_step"}
+# integrator settings a checkpoint records, to tell the user when the script's differ
+SETTINGS = ("dt_fs", "temperature_K", "friction_per_fs", "seed", "tdamp_fs", "pressure_bar", "pdamp_fs")
+
+
+class CheckpointSettingsWarning(UserWarning):
+    """The integrator's settings differ from the checkpoint's; the integrator's are used."""
 
 
 @dataclass
@@ -48,6 +55,7 @@ class Checkpoint:
     dynamics_class: str
     dynamics_state: dict[str, Any]
     world_size: int  # ranks of the run that wrote it (informational)
+    dynamics_settings: dict[str, Any] = field(default_factory=dict)  # dt, temperature, ...
 
     @property
     def step(self) -> int:
@@ -55,18 +63,6 @@ class Checkpoint:
 
 
 # ---- integrator state ---------------------------------------------------------------------
-def _plain(value) -> bool:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return True
-    if torch.is_tensor(value):
-        return True
-    if isinstance(value, (list, tuple)):
-        return all(_plain(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
-    return False
-
-
 def _to_cpu(value):
     if torch.is_tensor(value):
         return value.detach().cpu().clone()
@@ -95,27 +91,27 @@ def _integrator(dynamics):
 
 
 def dynamics_state(dynamics) -> dict[str, Any]:
-    """The integrator's restartable state.
+    """The integrator's restartable state: its ``state_dict()`` (see NOTE [declared state]
+    in `mlipdd.dynamics.base`). Per-atom state must live on the batch as a node property:
+    an attribute holds only this rank's atoms under domain decomposition."""
+    return _to_cpu(dict(_integrator(dynamics).state_dict()))
 
-    An integrator with ``state_dict()`` decides itself; otherwise every attribute holding
-    numbers, strings or tensors (step count, seed, thermostat variables, bath energy) is
-    kept. Per-atom state must live on the batch as a node property: an attribute holds
-    only this rank's atoms under domain decomposition.
-    """
+
+def dynamics_settings(dynamics) -> dict[str, Any]:
     dyn = _integrator(dynamics)
-    custom = getattr(dyn, "state_dict", None)
-    if callable(custom):
-        state = dict(custom())
-    else:
-        state = {k: v for k, v in vars(dyn).items() if k not in _NOT_STATE and _plain(v)}
-    return _to_cpu(state)
+    return _to_cpu({name: getattr(dyn, name) for name in SETTINGS if hasattr(dyn, name)})
 
 
 def restore_dynamics(dynamics, checkpoint: Checkpoint, device=None) -> None:
     """Put the checkpoint's integrator state into ``dynamics`` (same integrator class).
 
-    Settings kept as attributes (dt, temperature, seed, friction) come back too, so the
-    trajectory continues exactly; change them after restoring if that is the intent.
+    Only the integrator's declared state comes back (step count, thermostat and barostat
+    variables, the bath-energy ledger), never its wiring or checks. **Settings are the
+    script's**: dt, temperature, friction, seed, damping times and pressure stay what the
+    integrator was built with, as in LAMMPS, where the input script's ``timestep`` and
+    fixes apply after ``read_restart``. When they differ from the checkpoint's, a
+    `CheckpointSettingsWarning` names each one (build the integrator with the checkpoint's
+    values to continue the very same trajectory).
     """
     dyn = _integrator(dynamics)
     name = type(dyn).__name__
@@ -128,13 +124,44 @@ def restore_dynamics(dynamics, checkpoint: Checkpoint, device=None) -> None:
     state = checkpoint.dynamics_state
     if device is not None:
         state = _to_device(state, device)
-    custom = getattr(dyn, "load_state_dict", None)
-    if callable(custom):
-        custom(state)
-    else:
-        for key, value in state.items():
-            setattr(dyn, key, value)
+    dyn.load_state_dict(state)
     dyn.target_step = dyn.step_count
+    if getattr(dyn.reduce, "is_root", True):
+        _warn_about_settings(dyn, checkpoint)
+
+
+def _warn_about_settings(dyn, checkpoint: Checkpoint) -> None:
+    # checkpoints written before settings were kept apart hold them among the state
+    saved = checkpoint.dynamics_settings or {
+        k: v for k, v in checkpoint.dynamics_state.items() if k in SETTINGS
+    }
+    for name, value in saved.items():
+        if not hasattr(dyn, name):
+            continue
+        current = getattr(dyn, name)
+        if _same(current, value):
+            continue
+        warnings.warn(
+            f"the checkpoint was written with {name} = {_show(value)} but this integrator has "
+            f"{_show(current)}: the integrator's value is used. To continue the very same "
+            f"trajectory, build the integrator with {name} = {_show(value)}",
+            CheckpointSettingsWarning,
+            stacklevel=3,
+        )
+
+
+def _same(a, b) -> bool:
+    try:
+        ta, tb = torch.as_tensor(a).cpu().double(), torch.as_tensor(b).cpu().double()
+        return ta.shape == tb.shape and bool(torch.allclose(ta, tb, rtol=1e-12, atol=0))
+    except (TypeError, ValueError, RuntimeError):
+        return a == b
+
+
+def _show(value) -> str:
+    if torch.is_tensor(value):
+        value = value.tolist()
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 # ---- the file -----------------------------------------------------------------------------
@@ -151,25 +178,66 @@ def checkpoint_payload(full: Batch, dynamics, world_size: int = 1) -> dict[str, 
         "system": _to_cpu(system),
         "dynamics_class": type(_integrator(dynamics)).__name__,
         "dynamics_state": dynamics_state(dynamics),
+        "dynamics_settings": dynamics_settings(dynamics),
     }
 
 
 def write_atomically(payload: dict, path: str | Path) -> Path:
-    """torch.save to a temporary file beside ``path``, fsync, then rename over ``path``."""
+    """torch.save to a temporary file beside ``path``, fsync, then rename over ``path``.
+
+    A write killed outright (SIGKILL, power loss) leaves its temporary file behind; the
+    next successful write of the same checkpoint removes such leftovers
+    (`remove_leftover_temporaries`). The file gets the permissions of any new file
+    (``mkstemp`` alone would make it private to its owner).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             torch.save(payload, handle)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    remove_leftover_temporaries(path)
     return path
+
+
+def _temporary_prefix(path: Path) -> str:
+    return f".{path.name}."
+
+
+def _umask() -> int:
+    try:  # Linux: read it without changing it (os.umask would, for a moment, process-wide)
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def remove_leftover_temporaries(path: str | Path) -> list[Path]:
+    """Delete the temporary files of earlier, interrupted writes of checkpoint ``path``.
+
+    Only one process writes a given checkpoint (rank 0), so once it has finished a write,
+    any other ``.NAME.*.tmp`` beside it belongs to a write that will never finish.
+    """
+    path = Path(path)
+    removed = []
+    for leftover in path.parent.glob(f"{_temporary_prefix(path)}*.tmp"):
+        with contextlib.suppress(OSError):
+            leftover.unlink()
+            removed.append(leftover)
+    return removed
 
 
 def save_checkpoint(path: str | Path, full: Batch, dynamics, world_size: int = 1) -> Path:
@@ -202,7 +270,13 @@ def load_checkpoint(path: str | Path, device=None) -> Checkpoint:
     batch = Batch._from_dicts(data["node"], data["system"])
     if device is not None:
         batch = batch.to(device)
-    return Checkpoint(batch, data["dynamics_class"], data["dynamics_state"], int(data["world_size"]))
+    return Checkpoint(
+        batch,
+        data["dynamics_class"],
+        data["dynamics_state"],
+        int(data["world_size"]),
+        data.get("dynamics_settings") or {},
+    )
 
 
 class CheckpointWriter:

@@ -182,8 +182,14 @@ class DomainParallel(OnGroup):
         with fail_together(self.group):
             checkpoint = compute_on_rank0(load_checkpoint, path, group=self.group)
             header = broadcast_object(
-                None if checkpoint is None else (checkpoint.dynamics_class, checkpoint.dynamics_state,
-                                                 checkpoint.world_size),
+                None
+                if checkpoint is None
+                else (
+                    checkpoint.dynamics_class,
+                    checkpoint.dynamics_state,
+                    checkpoint.world_size,
+                    checkpoint.dynamics_settings,
+                ),
                 self.group,
             )
             owned = self.partition(None if checkpoint is None else checkpoint.batch)

@@ -3,9 +3,11 @@
 * ``mlipdd run --nproc N`` (no launcher around it): this process starts N ranks itself,
   one subprocess each, with the environment torchrun would give them (``RANK``,
   ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and the run settings
-  in a JSON file, waits for them, and returns the first failing exit code. When one
-  rank fails the others stop together with its message (`fail_together`); any that
-  are still alive after a grace period are terminated.
+  in a JSON file, and supervises them (`mlipdd.distributed.supervise`): they die with
+  the launcher, SIGTERM / SIGHUP / Ctrl-C stop every rank cleanly after the same step,
+  and a rank that dies is named with its exit code or signal. When one rank fails the
+  others stop together with its message (`fail_together`); any that are still alive
+  after a grace period are terminated.
 * under torchrun (``WORLD_SIZE`` set) or inside an ``srun`` step with several tasks,
   each process *is* a rank and joins the group (`run_distributed_simulation`).
 
@@ -21,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,8 +32,11 @@ import torch
 
 from mlipdd.data import InputError
 
-_GRACE_S = 15.0  # how long the other ranks get to stop by themselves after one failed
-_CHILD = "import sys; from mlipdd.cli import main; sys.exit(main(sys.argv[1:]))"
+# a rank follows its launcher (dies with it) before anything slow is imported
+_CHILD = (
+    "import sys; from mlipdd.distributed.supervise import follow_launcher; follow_launcher(); "
+    "from mlipdd.cli import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 def launched_world_size() -> int:
@@ -70,6 +74,7 @@ def run_command(cfg, json_output: bool = False) -> int:
 def spawn_local(cfg, json_output: bool = False) -> int:
     """Start ``cfg.nproc`` local ranks running this configuration; wait; exit code."""
     from mlipdd.distributed.manager import _free_port
+    from mlipdd.distributed.supervise import Supervisor, start_rank
 
     nproc = int(cfg.nproc)
     settings = dataclasses.asdict(cfg)
@@ -94,33 +99,8 @@ def spawn_local(cfg, json_output: bool = False) -> int:
             command = [sys.executable, "-c", _CHILD, "run", "--config", config_path]
             if json_output:
                 command.append("--json")
-            procs.append(subprocess.Popen(command, env=env))
-        return _wait(procs)
-
-
-def _wait(procs: list[subprocess.Popen]) -> int:
-    failed_at = None
-    try:
-        while True:
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes):
-                break
-            if failed_at is None and any(c not in (None, 0) for c in codes):
-                failed_at = time.monotonic()
-            if failed_at is not None and time.monotonic() - failed_at > _GRACE_S:
-                for p in procs:
-                    if p.poll() is None:
-                        p.terminate()
-            time.sleep(0.05)
-    except KeyboardInterrupt:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            p.wait()
-        return 130
-    codes = [p.returncode for p in procs]
-    return next((c for c in codes if c != 0), 0)
+            procs.append(start_rank(command, env))
+        return Supervisor(procs).wait()
 
 
 # ---- one rank -----------------------------------------------------------------------------
@@ -128,23 +108,58 @@ def run_distributed_simulation(cfg, thermo_stream=None) -> dict[str, Any] | None
     """One rank of a distributed ``mlipdd run``; the summary on rank 0, None elsewhere."""
     from mlipdd.comm import RemoteRankError
     from mlipdd.distributed.manager import DistributedManager
+    from mlipdd.dynamics.simulation import stopped_message
+    from mlipdd.dynamics.stop import RunStopped, stop_on_signals
 
-    manager = DistributedManager(rank=_launched_rank(), world_size=launched_world_size())
+    manager = DistributedManager(
+        rank=_launched_rank(), world_size=launched_world_size(), timeout_s=cfg.collective_timeout
+    )
     try:
         if cfg.device == "auto":  # one device per rank, as the manager chose it
             cfg = dataclasses.replace(cfg, device=str(manager.device))
-        return _run_rank(cfg, manager, thermo_stream)
+        with stop_on_signals():  # every rank alike: watching adds a per-step agreement
+            return _run_rank(cfg, manager, thermo_stream)
     except InputError as exc:
         # bad input is the same error on every rank (agreed): say it once, no traceback
         if manager.rank == 0:
             print(f"mlipdd run: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+    except RunStopped as exc:  # every rank, after the same step, files written
+        if manager.rank == 0:
+            print(stopped_message(cfg, exc), file=sys.stderr, flush=True)
+        raise SystemExit(exc.exit_code) from None
     except RemoteRankError as exc:
         # the failing rank prints its own traceback; the others add one line each
         print(f"rank {manager.rank} stopped: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
+    except RuntimeError as exc:
+        hint = _lost_peer_hint(exc, cfg)
+        if hint is None:
+            raise
+        print(f"rank {manager.rank} stopped: {hint}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     finally:
         manager.cleanup()
+
+
+def _lost_peer_hint(exc: BaseException, cfg) -> str | None:
+    """A one-line explanation of a collective that failed because of another rank."""
+    text = str(exc)
+    lowered = text.lower()
+    first_line = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    first_line = first_line.split(". This is typically")[0][:200]  # gloo's long advice
+    if "timed out" in lowered or "timeout" in lowered:
+        return (
+            f"a collective waited longer than collective_timeout = {cfg.collective_timeout:g} s "
+            f"({first_line}): another rank stopped responding (suspended, in a debugger, "
+            "swapping) or is far slower; raise --collective-timeout if steps really take that long"
+        )
+    if any(m in lowered for m in ("connection reset", "connection closed", "broken pipe", "peer")):
+        return (
+            f"lost contact with another rank during a collective ({first_line}): that rank died; "
+            "the launcher's message names it"
+        )
+    return None
 
 
 def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:

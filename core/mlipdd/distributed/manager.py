@@ -29,16 +29,25 @@ def _slurm_master() -> str:
     return head
 
 
+# How long a rank waits in a collective (and at start-up, for the others to join) before
+# the run fails. A few MD steps take far less, so a suspended, wedged or dead rank is
+# reported within minutes instead of torch's 10-30 min; rank 0 alone reads the structure
+# and writes checkpoints while the others wait, which is what the margin is for. Raise it
+# for systems whose file reading or checkpoint writing takes minutes.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
+
+
 class DistributedManager:
     """Owns (or adopts) the default process group and picks this rank's device.
 
     NCCL when CUDA is used, gloo on CPU. A group created here is destroyed by
-    `cleanup`; one that already existed (made by the caller) is left alone.
+    `cleanup`; one that already existed (made by the caller) is left alone. ``timeout_s``:
+    the collective timeout (`DEFAULT_COLLECTIVE_TIMEOUT_S`).
     """
 
     def __init__(self, backend: str | None = None, device: str | torch.device | None = None,
                  rank: int | None = None, world_size: int | None = None,
-                 timeout_s: float = 600.0):
+                 timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S):
         self._owns_group = False
         if not dist.is_initialized():
             rank = rank if rank is not None else _env_int("RANK", "SLURM_PROCID", default=0)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mlipdd.comm import agree_on_errors, check_together, fail_together, nccl_device
-from mlipdd.data import Batch, InputError
+from mlipdd.comm import agree_on_errors, check_together, fail_together, group_rank, nccl_device
+from mlipdd.data import Batch, InputError, check_not_empty
 from mlipdd.distributed.config import DomainConfig, StrategyKind
 from mlipdd.plugins import get_strategy
 from mlipdd.shard.custom_ops import activated
@@ -75,6 +75,7 @@ class DistributedModel(nn.Module):
             tensor = next(iter([*self.model.parameters(), *self.model.buffers()]), None)
             device = tensor.device if tensor is not None else nccl_device(self.group)
         with fail_together(self.group):
+            check_together(_check_full_system, full, group_rank(self.group) == 0, group=self.group)
             return self.strategy.partition(full, device)
 
     def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
@@ -90,6 +91,11 @@ class DistributedModel(nn.Module):
             result = self.strategy.consolidate(outputs, meta, self.spec, autograd_outputs)
             agree_on_errors(_check_outputs(result), self.group)
             return result
+
+
+def _check_full_system(full: Batch | None, is_root: bool) -> None:
+    if is_root and isinstance(full, Batch):  # other inputs: the strategy names the problem
+        check_not_empty(full)
 
 
 def _check_positions(batch: Batch) -> None:

@@ -12,6 +12,7 @@ from mlipdd.dynamics.integrators import NVE, NVTLangevin
 from mlipdd.dynamics.nose_hoover import NoseHoover
 from mlipdd.dynamics.npt import NPH, NPT
 from mlipdd.dynamics.reduce import GlobalReducer
+from mlipdd.dynamics.stop import RunStopped, stop_on_signals
 from mlipdd.dynamics.velocities import initialize_velocities
 
 __all__ = [
@@ -29,4 +30,4 @@ __all__ = [
     "initialize_velocities",
 ]
 
-__all__ += ["FIRE", "FIRE2", "NPH", "NPT", "NoseHoover"]
+__all__ += ["FIRE", "FIRE2", "NPH", "NPT", "NoseHoover", "RunStopped", "stop_on_signals"]

@@ -32,11 +32,19 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from ase import units
 
-from mlipdd.data import Batch, InputError
+from mlipdd.data import Batch, InputError, check_not_empty
 from mlipdd.dynamics import reduce as _reduce
+from mlipdd.dynamics import stop as _stop
 from mlipdd.dynamics.reduce import GlobalReducer
 
 DEFAULT_SKIN = 0.5  # Angstrom, for the neighbour-list hook added automatically
+MAX_STEP_DISPLACEMENT = 1.0  # Angstrom per step: beyond it the run has blown up
+
+
+class BlowUpError(InputError):
+    """The system blew up (non-finite energy, atoms flying off); raised on every rank."""
+
+    raised_on_every_rank = True  # the check is reduced over ranks first
 
 
 class DynamicsStage(enum.Enum):
@@ -111,6 +119,9 @@ class BaseDynamics:
     removed_dof_per_system: int = 0
     # whether `compute` asks the model for the stress (barostats set this)
     compute_stress: bool = False
+    # whether the blow-up check bounds the per-step displacement (NOTE [blow-up check]);
+    # an optimiser limits its own steps and may start from huge forces, so FIRE says no
+    bounds_step_displacement: bool = True
 
     def __init__(
         self,
@@ -121,6 +132,7 @@ class BaseDynamics:
         reduce: GlobalReducer | None = None,
         skin: float | None = DEFAULT_SKIN,
         nan_check_every: int = 1,
+        max_step_displacement: float = MAX_STEP_DISPLACEMENT,
     ):
         dt = float(dt)
         if not (dt > 0 and math.isfinite(dt)):
@@ -132,6 +144,7 @@ class BaseDynamics:
         self.dt = dt * units.fs
         self.reduce = reduce if reduce is not None else GlobalReducer()
         self.nan_check_every = int(nan_check_every)
+        self.max_step_displacement = float(max_step_displacement)
         self.hooks: list[DynamicsHook] = []
         for hook in hooks:
             self.add_hook(hook)
@@ -140,6 +153,37 @@ class BaseDynamics:
         self.target_step = 0
         self.batch: Batch | None = None
         self.outputs: dict[str, torch.Tensor] = {}
+
+    # ---- restartable state ----------------------------------------------------------------
+    # NOTE [declared state]: a checkpoint restores these attributes and nothing else
+    # (never hooks, checks or settings such as dt and temperature: those are the script's);
+    # integrators with more state (thermostat chains) override state_dict/load_state_dict.
+    state_fields: tuple[str, ...] = ("step_count",)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.state_fields}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the declared `state_fields` found in ``state``; other keys are ignored."""
+        step = state.get("step_count", self.step_count)
+        if isinstance(step, torch.Tensor):
+            step = step.item()
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise InputError(
+                f"the saved step_count {step!r} is not a non-negative integer; the checkpoint is "
+                "damaged or was not written by mlipdd: use another one"
+            )
+        self.step_count = self.target_step = int(step)
+        for name in self.state_fields:
+            if name == "step_count" or name not in state:
+                continue
+            value = state[name]
+            if value is not None and not isinstance(value, (torch.Tensor, int, float)):
+                raise InputError(
+                    f"the saved {name!r} is a {type(value).__name__}, not a number or tensor; "
+                    "the checkpoint is damaged or was not written by mlipdd: use another one"
+                )
+            setattr(self, name, value)
 
     # ---- hooks --------------------------------------------------------------------------
     def add_hook(self, hook: DynamicsHook, first: bool = False) -> None:
@@ -204,18 +248,64 @@ class BaseDynamics:
             batch.stress = out["stress"]
         self.outputs = out
         if self.nan_check_every and self.step_count % self.nan_check_every == 0:
-            self._check_finite_energy()
+            self._check_not_blown_up()
         self.fire(DynamicsStage.AFTER_COMPUTE)
         return out
 
-    def _check_finite_energy(self) -> None:
+    def _check_not_blown_up(self) -> None:
+        """NOTE [blow-up check]: LAMMPS stops with "Lost atoms" once atoms have flown off;
+        we stop one step earlier, before the AFTER_STEP hooks write the bad frame. Each
+        check looks at the energy (replicated) and at how far any atom would move in one
+        step, ``|v| dt + |F| dt^2 / 2m``: beyond ``max_step_displacement`` (1 A: a hundred
+        times a normal MD step) or not finite, the run stops on every rank together (the
+        largest reach is reduced over ranks, one all-reduce per check)."""
+        batch = self.batch
+        step = getattr(self, "_configuration_step", None) or self.step_count
         # energy is global (replicated under DD), so every rank raises together
-        if not bool(torch.isfinite(self.batch.energy).all()):
-            raise InputError(
-                f"energy became {self.batch.energy.tolist()} at step {self.step_count}: the "
-                f"system blew up; lower the time step (now {self.dt_fs} fs), check the model "
-                "or relax the starting structure first"
+        if not bool(torch.isfinite(batch.energy).all()):
+            raise BlowUpError(
+                f"energy became {batch.energy.tolist()} at step {step}: "
+                + self._blow_up_advice()
             )
+        if not self.bounds_step_displacement:
+            return
+        value = float(self.reduce.max(self._local_step_reach()).max())
+        if not value <= self.max_step_displacement:  # NaN fails this test too
+            vmax, fmax = (float(x) for x in self.reduce.max(self._local_speed_and_force()))
+            raise BlowUpError(
+                f"at step {step} an atom would move {value:.3g} A in one step (limit "
+                f"max_step_displacement = {self.max_step_displacement:g} A; largest speed "
+                f"{vmax * units.fs:.3g} A/fs, largest force {fmax:.3g} eV/A): "
+                + self._blow_up_advice()
+            )
+
+    def _blow_up_advice(self) -> str:
+        return (
+            f"the system blew up (or is about to). The likely cause is the time step "
+            f"({self.dt_fs:g} fs): lower the time step (0.5-1 fs with hydrogen, 2-5 fs for heavy "
+            "atoms); otherwise check the model and relax the starting structure first "
+            "(overlapping atoms give huge forces)"
+        )
+
+    def _local_step_reach(self) -> torch.Tensor:
+        batch = self.batch
+        out = torch.zeros(1, dtype=batch.dtype, device=batch.device)
+        if batch.num_atoms == 0:
+            return out
+        accel = batch.forces.norm(dim=-1) / batch.atomic_masses
+        reach = 0.5 * accel * self.dt**2
+        if batch.velocities is not None:
+            reach = reach + batch.velocities.norm(dim=-1) * self.dt
+        # NaN must survive the max (torch.max propagates it; a NaN compare would hide it)
+        return out + reach.max()
+
+    def _local_speed_and_force(self) -> torch.Tensor:
+        batch = self.batch
+        out = torch.zeros(2, dtype=batch.dtype, device=batch.device)
+        if batch.num_atoms == 0:
+            return out
+        speed = batch.velocities.norm(dim=-1).max() if batch.velocities is not None else out[0]
+        return torch.stack([speed, batch.forces.norm(dim=-1).max()])
 
     # ---- integration --------------------------------------------------------------------
     def pre_update(self, batch: Batch) -> None:
@@ -235,7 +325,11 @@ class BaseDynamics:
         self.fire(DynamicsStage.BEFORE_STEP)
         self.pre_update(batch)
         self.fire(DynamicsStage.AFTER_POSITIONS)
-        self.compute()
+        self._configuration_step = self.step_count + 1  # the positions now are this step's
+        try:
+            self.compute()
+        finally:
+            self._configuration_step = None
         self.post_update(batch)
         self.step_count += 1
         self.fire(DynamicsStage.AFTER_STEP)
@@ -266,6 +360,15 @@ class BaseDynamics:
             if checks_convergence and self.reduce.any(bool(self.converged())):
                 self.fire(DynamicsStage.ON_CONVERGE)
                 break
+            if _stop.watching() and self.reduce.any(_stop.stop_requested() is not None):
+                # every rank stops after this same step (NOTE [clean stop]); AFTER_RUN
+                # closes the trajectory and writes the last checkpoint first
+                self.fire(DynamicsStage.AFTER_RUN)
+                raise _stop.RunStopped(
+                    self.step_count,
+                    _stop.stop_requested() or "a stop was requested on another rank",
+                    _stop.requested_signal(),
+                )
         self.fire(DynamicsStage.AFTER_RUN)
         return batch
 
@@ -288,6 +391,8 @@ class BaseDynamics:
                 "mlipdd.dynamics.initialize_velocities(batch, temperature, seed)"
             )
         batch.validate(require=self.required_fields)
+        if not self.reduce.is_distributed:  # a rank may own no atoms; a whole system may not
+            check_not_empty(batch)
         supported = _supported_dtypes(self.model)
         if supported and batch.dtype not in supported:
             raise InputError(

@@ -60,6 +60,9 @@ class FIRE(BaseDynamics):
     default_n_min = 5
     default_alpha_start = 0.1
 
+    # an optimiser limits its own steps (max_step) and may start from huge forces
+    bounds_step_displacement = False
+
     def __init__(
         self,
         model,

@@ -59,6 +59,7 @@ class NVTLangevin(BaseDynamics):
     """
 
     required_fields = ("velocities",)
+    state_fields = ("step_count", "bath_energy")  # the noise needs no state: seed + step
 
     def __init__(
         self,

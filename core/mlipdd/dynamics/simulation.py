@@ -56,6 +56,11 @@ class RunConfig:
     nproc: int = 1  # local ranks `mlipdd run` starts itself (torchrun / srun: ranks join)
     strategy: str = "halo"
     grid: list[int] | None = None  # rank grid (gx, gy, gz); None: the least halo
+    # seconds a rank waits in a collective for the others before the run fails
+    # (mlipdd.distributed.manager.DEFAULT_COLLECTIVE_TIMEOUT_S says why this value)
+    collective_timeout: float = 300.0
+    checkpoint: str | None = None  # write the full state here (also when stopped by a signal)
+    checkpoint_every: int = 1000
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
@@ -81,6 +86,12 @@ class RunConfig:
             raise InputError(f"nproc must be >= 1, got {self.nproc}")
         if self.grid is not None and (len(self.grid) != 3 or min(int(g) for g in self.grid) < 1):
             raise InputError(f"grid must be three positive integers, got {self.grid}")
+        if not float(self.collective_timeout) > 0:
+            raise InputError(
+                f"collective_timeout must be a positive number of seconds, got {self.collective_timeout}"
+            )
+        if int(self.checkpoint_every) < 1:
+            raise InputError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if self.progress not in ("auto", "on", "off"):
             raise InputError(f"progress must be auto, on or off, got {self.progress!r}")
         return self
@@ -151,6 +162,11 @@ def default_hooks(cfg: RunConfig, thermo_stream=None) -> list:
     hooks: list = [ThermoLogger(output, frequency=frequency)]
     if cfg.trajectory:
         hooks.append(TrajectoryWriter(cfg.trajectory, frequency=cfg.trajectory_every))
+    if cfg.checkpoint:
+        # app-level wiring: the writer also serves a plain integrator (one process)
+        from mlipdd.distributed.checkpoint import CheckpointWriter
+
+        hooks.append(CheckpointWriter(cfg.checkpoint, frequency=cfg.checkpoint_every))
     if cfg.progress == "on" or (cfg.progress == "auto" and (quiet or cfg.log_file)):
         hooks.append(ProgressBar())
     return hooks
@@ -179,6 +195,15 @@ def run_simulation(
         if isinstance(hook, ThermoLogger):
             hook.close()
     return _summary(cfg, dyn, batch, hooks[0].records, wall, start_energy, end_energy)
+
+
+def stopped_message(cfg: RunConfig, stopped) -> str:
+    """What a run stopped by a signal (`RunStopped`) tells the user."""
+    written = [f"trajectory {cfg.trajectory}"] if cfg.trajectory else []
+    if cfg.checkpoint:
+        written.append(f"checkpoint {cfg.checkpoint} (step {stopped.step})")
+    files = "; wrote " + " and ".join(written) if written else ""
+    return f"mlipdd run: {stopped}{files}"
 
 
 def _sync(device: torch.device) -> None:

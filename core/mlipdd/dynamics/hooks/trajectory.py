@@ -14,7 +14,7 @@ class TrajectoryWriter:
     writes, extxyz by default. The file is flushed after every frame, so a crash loses
     nothing already written. A batch of several systems writes one frame per system
     per step, tagged with ``atoms.info["system"]``; ``info`` also holds ``step`` and
-    ``time_fs``. The file is opened at the first frame (truncating an old one) and
+    ``time_fs``. Positions are unwrapped (NOTE [unwrapped frames]). The file is opened at the first frame (truncating an old one) and
     closed at the end of the run; a later run appends.
 
     Only the root rank writes. Under domain decomposition register this writer where
@@ -40,7 +40,14 @@ class TrajectoryWriter:
         if ctx.step == self._last_step:
             return
         self._last_step = ctx.step
-        for s, atoms in enumerate(ctx.batch.to_ase()):
+        batch = ctx.batch
+        # NOTE [unwrapped frames]: ranks wrap atoms into the cell when they migrate (the
+        # crossings are counted in ``image``); one process never wraps. Frames hold the
+        # unwrapped positions, so a file is the same at any rank count and MSD works.
+        unwrapped = batch.node.get("unwrapped_positions")
+        for s, atoms in enumerate(batch.to_ase()):
+            if unwrapped is not None:
+                atoms.positions = unwrapped[batch.batch == s].detach().cpu().numpy()
             atoms.info.update(step=ctx.step, time_fs=ctx.time_fs, system=s)
             self._write(atoms)
 

@@ -1,0 +1,111 @@
+"""Start ``mlipdd run`` as a user would (a real launcher process and its ranks) and poke it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# 108 LJ argon atoms, quiet, on the CPU: enough for 2 ranks to each own a slab
+SMALL_RUN = ["--size", "3", "--log-every", "0", "--progress", "off", "--device", "cpu"]
+LONG = ["--steps", "1000000"]  # runs until a test stops it
+
+
+def mlipdd_command(*args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-c",
+        "import sys; from mlipdd.cli import main; sys.exit(main())",
+        *args,
+    ]
+
+
+def start_run(tmp_path: Path, *args: str) -> subprocess.Popen:
+    """``mlipdd run ARGS`` in ``tmp_path``; stdout/stderr go to files there."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.Popen(
+        mlipdd_command("run", *args),
+        cwd=tmp_path,
+        env=env,
+        stdout=open(tmp_path / "stdout.txt", "w"),
+        stderr=open(tmp_path / "stderr.txt", "w"),
+        start_new_session=True,  # the test's own signals stay off the run
+    )
+
+
+def stderr_of(tmp_path: Path) -> str:
+    return (tmp_path / "stderr.txt").read_text()
+
+
+def children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry))
+    return sorted(found)
+
+
+def rank_pids(launcher: subprocess.Popen, n: int, timeout: float = 120.0) -> list[int]:
+    """The launcher's ``n`` rank processes, in rank order (they are started in order)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = children(launcher.pid)
+        if len(pids) == n:
+            return pids
+        assert launcher.poll() is None, stderr_of_process(launcher)
+        time.sleep(0.05)
+    raise AssertionError(f"the launcher did not start {n} ranks within {timeout} s")
+
+
+def stderr_of_process(process: subprocess.Popen) -> str:
+    return f"the run ended early with code {process.returncode}"
+
+
+def wait_for_file(path: Path, process: subprocess.Popen, timeout: float = 180.0) -> None:
+    """Until ``path`` exists and is not empty (e.g. the first trajectory frame)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.stat().st_size > 0:
+            return
+        assert process.poll() is None, f"the run ended early with code {process.returncode}"
+        time.sleep(0.1)
+    raise AssertionError(f"{path} did not appear within {timeout} s")
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has finished; only its exit status is left
+
+
+def wait_gone(pids: list[int], timeout: float) -> float:
+    """Seconds until every pid has ended; fails after ``timeout``."""
+    start = time.monotonic()
+    while any(alive(p) for p in pids):
+        if time.monotonic() - start > timeout:
+            left = [p for p in pids if alive(p)]
+            for p in left:  # do not leave them behind for the next test
+                os.kill(p, signal.SIGKILL)
+            raise AssertionError(f"processes {left} still ran {timeout} s later")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def finish(process: subprocess.Popen, timeout: float) -> int:
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise AssertionError(f"the launcher was still running {timeout} s later") from None

@@ -1,0 +1,126 @@
+"""``mlipdd run --nproc 2``: signals to the launcher, dead and suspended ranks (real processes).
+
+Catalogue entries L1-L5 (see README.md in this folder).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+
+import ase.io
+import pytest
+import torch
+from fault_helpers import (
+    LONG,
+    SMALL_RUN,
+    finish,
+    rank_pids,
+    start_run,
+    stderr_of,
+    wait_for_file,
+    wait_gone,
+)
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc (Linux)")
+
+
+def _running(tmp_path, *extra):
+    """A 2-rank run that writes a trajectory and a checkpoint, once it has taken steps."""
+    launcher = start_run(
+        tmp_path,
+        "--nproc",
+        "2",
+        *SMALL_RUN,
+        *LONG,
+        "--trajectory",
+        "md.extxyz",
+        "--trajectory-every",
+        "2",
+        "--checkpoint",
+        "state.pt",
+        "--checkpoint-every",
+        "1000000",
+        *extra,
+    )
+    ranks = rank_pids(launcher, 2)
+    wait_for_file(tmp_path / "md.extxyz", launcher)  # the first frame: the ranks are stepping
+    return launcher, ranks
+
+
+def _check_clean_stop(tmp_path):
+    """The files of a run stopped between steps: a last checkpoint and whole frames."""
+    state = torch.load(tmp_path / "state.pt", weights_only=True)
+    step = int(state["dynamics_state"]["step_count"])
+    assert step >= 1
+    frames = ase.io.read(tmp_path / "md.extxyz", ":")
+    assert frames and all(len(f) == 108 for f in frames)
+    assert frames[-1].info["step"] <= step
+    assert f"stopped after step {step}" in stderr_of(tmp_path)
+    assert not list(tmp_path.glob(".state.pt.*.tmp"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_stop_signal_to_the_launcher_stops_every_rank_cleanly(tmp_path, sig):
+    """L1: the launcher forwards the stop; every rank stops after the same step, writes
+    the checkpoint and closes the trajectory; exit code 128 + signal."""
+    launcher, ranks = _running(tmp_path)
+    os.kill(launcher.pid, sig)
+    assert finish(launcher, timeout=60) == 128 + sig
+    wait_gone(ranks, timeout=5)
+    _check_clean_stop(tmp_path)
+    assert f"{signal.Signals(sig).name} received" in stderr_of(tmp_path)
+
+
+def test_ranks_die_with_a_killed_launcher_and_still_write_their_files(tmp_path):
+    """L2: SIGKILL cannot be caught by the launcher; the ranks get the parent-death signal."""
+    launcher, ranks = _running(tmp_path)
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait(timeout=10)
+    wait_gone(ranks, timeout=60)
+    _check_clean_stop(tmp_path)
+
+
+def test_a_rank_killed_mid_run_is_named_and_the_exit_code_is_small(tmp_path):
+    """L3: rank 1 SIGKILLed while stepping: named with its signal, rank 0 says it lost
+    contact, the launcher exits 1 (not 247 or a gloo traceback alone)."""
+    launcher, ranks = _running(tmp_path)
+    os.kill(ranks[1], signal.SIGKILL)
+    assert finish(launcher, timeout=60) == 1
+    err = stderr_of(tmp_path)
+    assert f"rank 1 (pid {ranks[1]}) was killed by SIGKILL (signal 9) (the root cause)" in err
+    assert "rank 0 stopped: lost contact with another rank" in err
+
+
+def test_a_rank_killed_during_start_up_is_named(tmp_path):
+    """L4: rank 1 dies before joining the group; rank 0, waiting for it at the rendezvous,
+    is ended by the launcher after the grace period; exit 1, rank 1 named."""
+    launcher = start_run(tmp_path, "--nproc", "2", *SMALL_RUN, *LONG)
+    ranks = rank_pids(launcher, 2)
+    os.kill(ranks[1], signal.SIGKILL)
+    assert finish(launcher, timeout=90) == 1
+    err = stderr_of(tmp_path)
+    assert f"rank 1 (pid {ranks[1]}) was killed by SIGKILL" in err
+    assert "(the root cause)" in err and "ended by the launcher" in err
+
+
+def test_a_suspended_rank_fails_the_run_at_the_collective_timeout(tmp_path):
+    """L5: a SIGSTOPped rank blocks the others only for --collective-timeout seconds; the
+    message names the timeout setting and the suspended rank."""
+    launcher, ranks = _running(tmp_path, "--collective-timeout", "4")
+    os.kill(ranks[1], signal.SIGSTOP)
+    assert finish(launcher, timeout=90) == 1
+    err = stderr_of(tmp_path)
+    assert "collective_timeout = 4 s" in err and "--collective-timeout" in err
+    assert f"rank 1 (pid {ranks[1]}) was killed by SIGKILL (signal 9) (it was suspended" in err
+
+
+def test_one_default_collective_timeout():
+    """L5: the CLI setting and the library's manager share the documented default."""
+    from mlipdd.distributed.manager import DEFAULT_COLLECTIVE_TIMEOUT_S, DistributedManager
+    from mlipdd.dynamics.simulation import RunConfig
+
+    assert RunConfig().collective_timeout == DEFAULT_COLLECTIVE_TIMEOUT_S == 300.0
+    default = inspect.signature(DistributedManager).parameters["timeout_s"].default
+    assert default == DEFAULT_COLLECTIVE_TIMEOUT_S

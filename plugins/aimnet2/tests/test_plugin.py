@@ -1,0 +1,81 @@
+"""The plugin's registrations, raw-model wrapping, the specs, and input errors in one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from aimnet2_systems import DSF_CUTOFF, triclinic_crystal
+from mlipdd.data import AtomicData, Batch, InputError
+from mlipdd_aimnet2.building import random_aimnet2
+from mlipdd_aimnet2.testing import molecular_crystal
+from mlipdd_aimnet2.wrapper import AIMNet2Wrapper
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_aimnet2(seed=1)[0]
+
+
+def test_plugin_is_listed_and_registers_model_and_presets(model):
+    from mlipdd.plugins import create_model, get_plugin_manager, get_preset
+
+    assert "aimnet2" in [name for name, _ in get_plugin_manager().list_name_plugin()]
+    sharded, halo = get_preset("SPEC_AIMNET2_SHARDED"), get_preset("SPEC_AIMNET2_HALO")
+    assert sharded.policy.is_sharded() and halo.policy.is_halo()
+    assert "charges" in sharded.output_kinds and "stress" in sharded.all_reduce_outputs
+    wrapper = create_model("aimnet2", model=model, dispersion=False)
+    assert isinstance(wrapper, AIMNet2Wrapper) and wrapper.cutoff == 15.0 and wrapper.coulomb == "dsf"
+    with pytest.raises(ValueError, match="exactly one of"):
+        create_model("aimnet2")
+
+
+def test_wrap_model_recognises_a_raw_aimnet_model(model):
+    from mlipdd.plugins import wrap_model
+
+    wrapper = wrap_model(model, dispersion=False, dsf_cutoff=DSF_CUTOFF)
+    assert isinstance(wrapper, AIMNet2Wrapper) and wrapper.cutoff == DSF_CUTOFF
+    with pytest.raises(ValueError, match="DFT-D3.*dispersion=False"):
+        wrap_model(model)  # the released layout asks for D3 outside the network
+    with pytest.raises(TypeError, match="AIMNet2 model"):
+        AIMNet2Wrapper(torch.nn.Linear(2, 2))
+
+
+def test_specs_leave_one_process_results_unchanged(model):
+    from mlipdd.spec import installed
+    from mlipdd.strategy.kinds import StrategyKind
+
+    wrapper = AIMNet2Wrapper(model, dispersion=False, dsf_cutoff=DSF_CUTOFF)
+    batch = triclinic_crystal()
+    plain = wrapper(batch.clone(), compute_stress=True)
+    for strategy in (StrategyKind.SHARDED, StrategyKind.HALO):
+        with installed(wrapper.distribution_spec(strategy)):
+            again = wrapper(batch.clone(), compute_stress=True)
+        for key in ("energy", "forces", "stress", "charges"):
+            assert torch.equal(again[key], plain[key]), key
+    assert wrapper.distribution_spec().name == "aimnet2_sharded"
+    with pytest.raises(NotImplementedError, match="SHARDED or StrategyKind.HALO"):
+        wrapper.distribution_spec(StrategyKind.GRAPH_PARTITION)
+
+
+def test_bad_input_is_refused_with_the_fix(model):
+    wrapper = AIMNet2Wrapper(model, dispersion=False, dsf_cutoff=DSF_CUTOFF)
+    crystal = triclinic_crystal()
+    uranium = crystal.clone()
+    uranium.node["atomic_numbers"] = uranium.atomic_numbers.clone()
+    uranium.atomic_numbers[3] = 92
+    with pytest.raises(InputError, match=r"not trained on atomic number\(s\) \[92\].*remove those atoms"):
+        wrapper(uranium)
+    half = crystal.clone()
+    half.system["charge"] = torch.tensor([0.5], dtype=torch.float64)
+    with pytest.raises(InputError, match="not an integer.*whole numbers"):
+        wrapper(half)
+    pair = molecular_crystal((1, 1, 2))
+    molecule = Batch.from_data_list([AtomicData(positions=pair.positions, atomic_numbers=pair.atomic_numbers)])
+    with pytest.raises(InputError, match="periodic Coulomb setting.*coulomb='simple'"):
+        wrapper(molecule)
+    all_pairs = AIMNet2Wrapper(model, dispersion=False, coulomb="simple")
+    with pytest.raises(InputError, match="cannot sum a periodic cell.*coulomb='dsf'"):
+        all_pairs(crystal)
+    with pytest.raises(InputError, match="float32.*batch.to"):
+        wrapper(crystal.to(dtype=torch.float32))
+    assert all_pairs(molecule)["energy"].isfinite().all()

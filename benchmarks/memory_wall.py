@@ -109,6 +109,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--machine", default="")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--name", default="mace_memory_wall")
     args = p.parse_args(argv)
     device = args.device
     rows = []
@@ -133,7 +134,7 @@ def main(argv=None):
     notes = (f"{args.machine}\n\nOne energy + forces call of medium MACE (128x0e+128x1o, max_ell 3, "
              "correlation 3, 6 A, 2 layers), float32, diamond Si, random weights. vs_largest_bare: time "
              "per atom over that of the largest system bare mace-torch fits (target <= 1.5).")
-    table = write_results("mace_memory_wall", "Medium MACE beyond the one-GPU memory wall", rows,
+    table = write_results(args.name, "Medium MACE beyond the one-GPU memory wall", rows,
                           ["mode", "atoms", "edges", "step_s", "us_per_atom", "vs_largest_bare", "peak_GiB",
                            "estimate_GiB", "plain_estimate_GiB", "status"], notes=notes)
     print(table)

@@ -18,9 +18,9 @@ class DomainConfig:
     ``strategy``: a `StrategyKind` or the name of a strategy a plugin registered
     (``mlipdd_register_strategies``);
     ``check_every``: the per-call checks (finite positions in, finite energy / forces /
-    stress out) are accumulated on the device and agreed on by all ranks on the first
-    call and every ``check_every`` calls (1: every call, at one host synchronisation
-    each; a failure is then reported at most ``check_every - 1`` calls late). Neighbour
+    stress out) run, and are agreed on by all ranks, on the first call and every
+    ``check_every`` calls (each costs a host synchronisation; a NaN in MD persists, so
+    it is reported at most ``check_every - 1`` calls late; 1: every call). Neighbour
     list rebuilds always validate the input in full."""
 
     cutoff: float

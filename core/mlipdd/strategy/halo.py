@@ -195,12 +195,12 @@ class HaloPlanner(OnGroup):
         state = self.state
         if state is None or batch.num_atoms != state.plan.n_owned:
             return True
-        if not torch.equal(batch.atom_ids, state.atom_ids) or not torch.equal(batch.cell.detach(), state.reference_cell):
-            return True
-        if batch.num_atoms == 0:
-            return False
-        moved = (batch.positions.detach() - state.reference_padded[: batch.num_atoms]).norm(dim=1).max()
-        return bool(moved > 0.5 * skin)
+        # one device->host read for the three questions (each read stalls the device queue)
+        changed = (batch.atom_ids != state.atom_ids).any() | (batch.cell.detach() != state.reference_cell).any()
+        if batch.num_atoms:
+            moved = (batch.positions.detach() - state.reference_padded[: batch.num_atoms]).norm(dim=1).max()
+            changed = changed | (moved > 0.5 * skin)
+        return bool(changed)
 
 
 class HaloStrategy(Strategy):
@@ -250,10 +250,19 @@ class HaloStrategy(Strategy):
             group=self.group,
         )
         positions = batch.positions.detach().requires_grad_(True)
+        if state.plan.world_size == 1:
+            # NOTE [one rank]: nothing crosses ranks, every handler would be the identity, so
+            # the model gets the owned rows themselves, plain tensors, the same objects on
+            # every call (a wrapper may cache what it derives from them), and pays no
+            # dispatch cost at all.
+            node = {"positions": positions, "atomic_numbers": batch.atomic_numbers, "batch": batch.batch,
+                    "atom_ids": batch.atom_ids}
+            padded = Batch._from_dicts(node, dict(batch.system))
+            padded.neighbors = state.neighbors
+            padded.n_owned = batch.num_atoms
+            return padded, meta
         padded_positions = self.halo.padded_positions(positions, batch.cell, state)
-        # NOTE [one rank]: nothing crosses ranks, every handler would be the identity, so
-        # the model gets plain tensors and pays no dispatch cost at all.
-        wrap = (lambda t: t) if state.plan.world_size == 1 else (lambda t: ShardTensor.wrap(t, meta))
+        wrap = lambda t: ShardTensor.wrap(t, meta)  # noqa: E731
         node = {
             "positions": wrap(padded_positions),
             "atomic_numbers": wrap(torch.cat([batch.atomic_numbers, state.ghost_numbers])),

@@ -118,16 +118,21 @@ def timing(args, mgr):
         raw = random_mace(elements=(14,), r_max=cfg["r_max"], num_interactions=cfg["num_interactions"],
                           hidden_irreps=cfg["hidden_irreps"], max_ell=cfg["max_ell"],
                           correlation=cfg["correlation"], dtype=torch.float32, seed=0)
-        model = MACEWrapper(raw.to(mgr.device)).eval()
-        label = "mace_medium_f32"
+        model = MACEWrapper(raw.to(mgr.device), chunk_atoms=args.chunk_atoms).eval()
+        label = "mace_medium_f32" + (f"_chunk{args.chunk_atoms}" if args.chunk_atoms else "")
     reps = max(1, round((args.atoms / 8) ** (1 / 3)))
     full = silicon_diamond(reps, dtype=torch.float32) if mgr.rank == 0 else None
     dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=0.5,
                                               strategy=StrategyKind(args.strategy)))
     owned = dm.partition(full, device=mgr.device)
+    del full
     torch.cuda.reset_peak_memory_stats()
     times, status = [], "ok"  # status stays ok: an OOM returns early below
     try:
+        dm.strategy.prepare(owned)  # halo and neighbour list, to size the memory estimate
+        if hasattr(model, "memory_estimate"):
+            plan, nl = dm.strategy.state.plan, dm.strategy.state.neighbors
+            print(f"rank {mgr.rank}: " + model.memory_estimate(plan.n_padded, nl.num_edges)["summary"], flush=True)
         dm(owned)
         for _ in range(args.repeats):
             torch.cuda.synchronize()
@@ -149,7 +154,22 @@ def timing(args, mgr):
     step = statistics.median(times) if times else float("nan")
     _emit({"task": "time", "tag": args.tag, "model": label, "atoms": int(n_atoms), "gpus": mgr.world_size,
            "step_s": step, "atom_steps_per_s": int(n_atoms) / step if times else None,
-           "peak_GiB_per_gpu": float(peak), "status": status})
+           "peak_GiB_per_gpu": float(peak), "status": status, **_traffic(dm, owned, mgr)})
+
+
+def _traffic(dm, owned, mgr) -> dict:
+    """Rows per owned atom (max over ranks) and bytes one step sends (max over ranks)."""
+    from mlipdd.shard.exchange import SENT_BYTES
+
+    plan = getattr(getattr(dm.strategy, "state", None), "plan", None)
+    if plan is None:
+        return {}
+    SENT_BYTES["total"] = 0
+    dm(owned)
+    sent = SENT_BYTES["total"]
+    stats = torch.tensor([plan.n_padded / max(1, plan.n_owned), sent], device=mgr.device, dtype=torch.float64)
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+    return {"rows_per_owned": float(stats[0]), "MB_sent_per_step": float(stats[1]) / 1e6}
 
 
 def report(args):
@@ -174,7 +194,7 @@ def report(args):
             markdown_table(conf, ["model", "dtype", "atoms", "gpus", "energy_rel", "forces_rel", "stress_rel"]),
             "## Scaling (random weights, float32, diamond Si; MACE medium and UMA-like eSCN-MD)", "",
             markdown_table(timed, ["tag", "model", "atoms", "gpus", "step_s", "atom_steps_per_s", "speedup", "efficiency",
-                                   "peak_GiB_per_gpu", "status"])]
+                                   "peak_GiB_per_gpu", "rows_per_owned", "MB_sent_per_step", "status"])]
     (HERE / "results" / "multi_gpu.md").write_text("\n".join(text) + "\n")
     print("\n".join(text))
     try:
@@ -209,6 +229,7 @@ def main():
     p.add_argument("--machine", default="")
     p.add_argument("--uma", action="store_true", help="UMA (random eSCN-MD) instead of MACE")
     p.add_argument("--strategy", default="halo", choices=["halo", "graph_partition"])
+    p.add_argument("--chunk-atoms", type=int, default=None, help="MACE: chunked evaluation (MACEWrapper chunk_atoms)")
     args = p.parse_args()
     if args.task == "report":
         return report(args)

@@ -16,13 +16,19 @@ class DomainConfig:
     ``cutoff + skin`` wide and is rebuilt when an atom has moved ``skin / 2``);
     ``grid``: rank grid ``(gx, gy, gz)`` or None to choose the one with least halo;
     ``strategy``: a `StrategyKind` or the name of a strategy a plugin registered
-    (``mlipdd_register_strategies``)."""
+    (``mlipdd_register_strategies``);
+    ``check_every``: the per-call checks (finite positions in, finite energy / forces /
+    stress out) run, and are agreed on by all ranks, on the first call and every
+    ``check_every`` calls (each costs a host synchronisation; a NaN in MD persists, so
+    it is reported at most ``check_every - 1`` calls late; 1: every call). Neighbour
+    list rebuilds always validate the input in full."""
 
     cutoff: float
     skin: float = 0.5
     strategy: StrategyKind | str = StrategyKind.HALO
     grid: tuple[int, int, int] | None = None
     compile: bool = False
+    check_every: int = 10
 
     def __post_init__(self) -> None:
         self.strategy = _strategy_name(self.strategy)
@@ -30,6 +36,8 @@ class DomainConfig:
             raise InputError(f"DomainConfig.cutoff must be positive, got {self.cutoff}; use the model's cutoff")
         if self.skin < 0:
             raise InputError(f"DomainConfig.skin must be >= 0, got {self.skin}")
+        if int(self.check_every) < 1:
+            raise InputError(f"DomainConfig.check_every must be a positive number of calls, got {self.check_every}")
         if self.grid is not None and (len(self.grid) != 3 or min(self.grid) < 1):
             raise InputError(f"DomainConfig.grid must be three positive integers, got {self.grid}")
 

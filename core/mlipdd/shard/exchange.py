@@ -18,6 +18,7 @@ as all ranks build the same graph (the model code is identical on every rank).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -47,11 +48,20 @@ class ExchangePlan:
         return len(self.send_counts)
 
 
+# Bytes this process sent to other ranks through `all_to_all_rows` (rows to itself are
+# not counted); benchmarks read and reset it to report the traffic of a step. Sizes are
+# known on the host, so counting costs no device synchronisation.
+SENT_BYTES = {"total": 0}
+
+
 def all_to_all_rows(rows: torch.Tensor, send_counts, recv_counts, group=None) -> torch.Tensor:
     """Send ``rows`` (grouped by destination) and return the rows received (grouped by source)."""
     out = rows.new_empty((sum(recv_counts), *rows.shape[1:]))
     if len(send_counts) == 1:
         return out.copy_(rows)
+    me = dist.get_rank(group)
+    row_bytes = math.prod(rows.shape[1:]) * rows.element_size()
+    SENT_BYTES["total"] += (sum(send_counts) - send_counts[me]) * row_bytes
     dist.all_to_all_single(
         out, rows.contiguous(), list(recv_counts), list(send_counts), group=group
     )

@@ -210,25 +210,27 @@ def _dims(model) -> dict:
 
 
 def estimate_memory(model, n_atoms: int, n_edges: int, chunk_atoms: int | None, itemsize: int = 4) -> dict:
-    """Rough peak bytes of one energy + forces call (about +-30 %; measured on an H200 for
-    medium MACE: see benchmarks/results/mace_memory_wall.md).
+    """Rough peak bytes of one energy + forces call, from the model's feature widths.
 
-    Plain: every layer keeps ~3 per-edge tensors of the message width and the product's
-    contraction, ~``sh * mid`` per node. Chunked: per node only the layer's message and
-    features, per edge the geometry (vectors, harmonics, radial features), plus one
-    chunk's worth of the plain per-edge and per-node peaks.
+    The coefficients (how many tensors of each width stay alive) were fitted to peaks
+    measured on an H200 for medium MACE (benchmarks/results/mace_memory_wall.md: within
+    ~10 % there; other architectures: a rough guide). Plain: per edge and layer the
+    tensor-product messages and their radial weights; per node and layer the product's
+    contraction (~``sh**2 * hidden / 2``). Chunked: per edge only the geometry
+    (vectors, harmonics, radial features), per node and layer the message and the
+    features, plus one chunk's worth of the plain per-edge and per-node peaks.
     """
     d = _dims(model)
-    per_edge_geometry = 6 * (3 + 1 + d["sh"] + 8 + 1)
+    per_edge_geometry = 3 * (3 + 1 + d["sh"] + 8 + 1)
     per_edge_layer = 2 * d["mid"] + 2 * d["tp_weights"] + d["up"]
-    per_node_product = 2 * d["sh"] * d["sh"] * d["hidden"] // 4
-    per_node_layer = 2 * d["mid"] + 4 * d["hidden"]
+    per_node_product = d["sh"] * d["sh"] * d["hidden"] // 2
     edges_per_atom = n_edges / max(1, n_atoms)
     if chunk_atoms is None:
-        total = n_edges * (per_edge_geometry + d["layers"] * per_edge_layer) + n_atoms * (
-            d["layers"] * (per_node_layer + per_node_product))
+        per_edge = per_edge_geometry + d["layers"] * 1.1 * (d["mid"] + d["tp_weights"])
+        per_node = d["layers"] * (d["mid"] + d["hidden"] + 2 * per_node_product)
+        total = n_edges * per_edge + n_atoms * per_node
     else:
         rows = min(chunk_atoms, n_atoms)
-        total = (n_edges * per_edge_geometry + n_atoms * d["layers"] * per_node_layer
-                 + rows * (2 * edges_per_atom * per_edge_layer + 2 * per_node_product))
+        total = (n_edges * per_edge_geometry + n_atoms * d["layers"] * (d["mid"] + d["hidden"])
+                 + rows * (1.5 * edges_per_atom * per_edge_layer + 2 * per_node_product))
     return {"bytes": int(total * itemsize), "atoms": n_atoms, "edges": n_edges, "chunk_atoms": chunk_atoms}

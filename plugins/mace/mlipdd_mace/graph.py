@@ -87,8 +87,32 @@ def cartesian_shifts(
     return torch.einsum("be,bec->bc", unit_shifts, cell.view(-1, 3, 3)[system_of_edge])
 
 
+def _built_within(neighbors, cutoff: float) -> bool:
+    """A list built (by mlipdd's builder) at no more than the model's radius has no edge to
+    drop: not a self-edge, and an edge that has since moved past ``r_max`` weighs exactly
+    zero (mace multiplies every edge by its cutoff envelope, 0 beyond ``r_max``, and so its
+    gradient). Skipping the filter saves a device->host read per call."""
+    built = getattr(neighbors, "cutoff", None)
+    return built is not None and built <= cutoff
+
+
+def _cached_one_hot(atomic_numbers, model_elements, dtype, cache: dict | None):
+    """`one_hot_elements`, reused while the caller passes the very same, unmodified tensor
+    (one rank under DistributedModel, or an MD loop on one batch): the element check reads
+    the device, so it runs once rather than every call."""
+    if cache is None:
+        return one_hot_elements(atomic_numbers, model_elements, dtype)
+    key = (atomic_numbers._version, dtype)
+    if cache.get("numbers") is atomic_numbers and cache.get("key") == key:
+        return cache["one_hot"]
+    one_hot = one_hot_elements(atomic_numbers, model_elements, dtype)
+    cache.update(numbers=atomic_numbers, key=key, one_hot=one_hot)
+    return one_hot
+
+
 def mace_inputs(
-    batch: Batch, model_elements: torch.Tensor, cutoff: float, dtype: torch.dtype, head: int = 0
+    batch: Batch, model_elements: torch.Tensor, cutoff: float, dtype: torch.dtype, head: int = 0,
+    cache: dict | None = None,
 ) -> dict:
     """The dict a mace model's forward takes, built from ``batch``.
 
@@ -104,13 +128,14 @@ def mace_inputs(
     neighbors = neighbor_list_for(batch, cutoff)
     edge_index = neighbors.edge_index.to(device=positions.device, dtype=torch.long)
     unit_shifts = neighbors.unit_shifts.to(device=positions.device, dtype=dtype)
-    edge_index, unit_shifts = edges_within_cutoff(
-        positions, edge_index, unit_shifts, cell, system_of_atom, cutoff
-    )
+    if not _built_within(neighbors, cutoff):
+        edge_index, unit_shifts = edges_within_cutoff(
+            positions, edge_index, unit_shifts, cell, system_of_atom, cutoff
+        )
     num_systems = batch.num_systems
     return {
         "positions": positions,
-        "node_attrs": one_hot_elements(batch.atomic_numbers, model_elements, dtype),
+        "node_attrs": _cached_one_hot(batch.atomic_numbers, model_elements, dtype, cache),
         "edge_index": edge_index,
         "unit_shifts": unit_shifts,
         "shifts": cartesian_shifts(unit_shifts, cell, system_of_atom[edge_index[0]]),

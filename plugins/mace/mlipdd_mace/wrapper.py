@@ -78,6 +78,7 @@ class MACEWrapper(ModelWrapper):
         if chunk_atoms is not None and int(chunk_atoms) < 1:
             raise ValueError(f"chunk_atoms must be a positive number of atoms or None, got {chunk_atoms}")
         self.chunk_atoms = None if chunk_atoms is None else int(chunk_atoms)
+        self._input_cache: dict = {}  # see graph._cached_one_hot
         self.mace_version = require_mace()
         if not is_mace_model(model):
             raise TypeError(
@@ -151,6 +152,7 @@ class MACEWrapper(ModelWrapper):
             cutoff=self.cutoff,
             dtype=self.dtype,
             head=self.head_index,
+            cache=self._input_cache,
         )
 
     def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:

@@ -14,7 +14,6 @@ edge (errors of 1e-3 and up) fails while rounding passes.
 from __future__ import annotations
 
 import functools
-import os
 
 import pytest
 import torch
@@ -23,7 +22,6 @@ from mlipdd.testing.conformance import relative_difference
 from mlipdd_uma.testing import random_uma_wrapper
 from uma_systems import SYSTEMS
 
-WORLD_SIZES = tuple(int(n) for n in os.environ.get("MLIPDD_UMA_RANKS", "2,3,4").split(","))
 FACTORY = functools.partial(random_uma_wrapper, seed=0, task="omat")
 NOISE_FACTOR = 30.0
 FLOOR = 30 * torch.finfo(torch.float32).eps
@@ -54,7 +52,9 @@ def system(request):
     return batch, limits
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
+# rank counts: 2, 3 and 4; `pytest --mlipdd-world-sizes=2` for a quicker run (the
+# conformance kit's pytest plugin parametrises world_size from this marker or the option)
+@pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
 @pytest.mark.parametrize("strategy", ["halo", "graph_partition"])
 def test_distributed_matches_single_process(system, strategy, world_size):
     batch, limits = system

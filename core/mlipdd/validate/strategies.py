@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from mlipdd.data import InputError
 from mlipdd.spec.presets import SPEC_MPNN_GP, SPEC_MPNN_HALO, SPEC_MPNN_SHARDED
-from mlipdd.strategy import strategy_for
+from mlipdd.plugins import get_strategy
 
 # the preset a plain model runs under, per strategy (its policy is the one that fits)
 STRATEGY_PRESETS = {
@@ -22,7 +22,7 @@ def strategy_name(strategy) -> str:
     registered under (built-in or a plugin's) is an input error listing the known ones."""
     name = str(getattr(strategy, "value", strategy))
     try:
-        strategy_for(name)
+        get_strategy(name)
     except LookupError as exc:
         raise InputError(str(exc).strip("'\"")) from None
     return name

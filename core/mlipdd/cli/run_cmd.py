@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mlipdd.data import InputError
-from mlipdd.dynamics.simulation import DTYPES, ENSEMBLES, RunConfig, format_summary, run_simulation
+from mlipdd.simulation import DTYPES, ENSEMBLES, RunConfig, format_summary, run_simulation
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -159,8 +159,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if cfg.nproc > 1 or launched_world_size() > 1:
         return run_command(cfg, json_output=args.json)
-    from mlipdd.dynamics.simulation import stopped_message
     from mlipdd.dynamics.stop import RunStopped, stop_on_signals
+    from mlipdd.simulation import stopped_message
 
     try:
         with stop_on_signals():  # SIGTERM / SIGHUP / Ctrl-C: stop after the step, write files

@@ -11,7 +11,7 @@
 * under torchrun (``WORLD_SIZE`` set) or inside an ``srun`` step with several tasks,
   each process *is* a rank and joins the group (`run_distributed_simulation`).
 
-The distributed run mirrors `mlipdd.dynamics.simulation.run_simulation`: the same
+The distributed run mirrors `mlipdd.simulation.run_simulation`: the same
 model, system (built on rank 0 only), integrator and hooks, wrapped in `DomainParallel`.
 Its summary adds the number of ranks, whether every atom (by id) is still there at
 the end, and the largest force difference against one process on the first step
@@ -64,7 +64,7 @@ def run_command(cfg, json_output: bool = False) -> int:
         )
     summary = run_distributed_simulation(cfg)
     if summary is not None:  # rank 0
-        from mlipdd.dynamics.simulation import format_summary
+        from mlipdd.simulation import format_summary
 
         print(json.dumps(summary, indent=2) if json_output else format_summary(summary), flush=True)
     return 0
@@ -108,8 +108,8 @@ def run_distributed_simulation(cfg, thermo_stream=None) -> dict[str, Any] | None
     """One rank of a distributed ``mlipdd run``; the summary on rank 0, None elsewhere."""
     from mlipdd.comm import RemoteRankError
     from mlipdd.distributed.manager import DistributedManager
-    from mlipdd.dynamics.simulation import stopped_message
     from mlipdd.dynamics.stop import RunStopped, stop_on_signals
+    from mlipdd.simulation import stopped_message
 
     manager = DistributedManager(
         rank=_launched_rank(), world_size=launched_world_size(), timeout_s=cfg.collective_timeout
@@ -166,7 +166,7 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
     from mlipdd.comm import check_together, compute_on_rank0
     from mlipdd.distributed.config import DomainConfig
     from mlipdd.distributed.domain_parallel import DomainParallel
-    from mlipdd.dynamics.simulation import (
+    from mlipdd.simulation import (
         _summary,
         _sync,
         build_dynamics,

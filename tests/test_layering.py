@@ -16,18 +16,23 @@ import pytest
 CORE = Path(mlipdd.__file__).parent
 
 # a layer (a subpackage or a top-level module of mlipdd) -> the layers it must not import
-TOP = {"cli", "validate", "testing"}  # the user-facing layers: nothing below imports them
+# the user-facing layers and the `mlipdd run` app: nothing below them imports them
+TOP = {"cli", "validate", "testing", "ase", "simulation"}
+_ABOVE_COMM = {"models", "dynamics", "distributed", "strategy", "shard", "spec", "plugins", "neighbors",
+               "lattices", *TOP}
 FORBIDDEN = {
-    "comm": {"models", "dynamics", "distributed", "strategy", "shard", "spec", "plugins", *TOP},
+    "comm": _ABOVE_COMM,
+    "group_abort": _ABOVE_COMM | {"comm"},
     "spec": {"models", "dynamics", "distributed", "strategy", "shard", *TOP},
     "shard": {"models", "dynamics", "distributed", "strategy", *TOP},
     "models": {"distributed", "strategy", "shard", "comm", *TOP},
     "dynamics": {"distributed", "strategy", "shard", "comm", *TOP},
     "strategy": {"distributed", "dynamics", "models", *TOP},
-    "distributed": TOP,
+    "distributed": TOP - {"simulation"},  # the distributed launcher reuses the run app's pieces
 }
 FIX = {
-    "comm": "comm is the bottom layer (torch and mlipdd.data only)",
+    "comm": "comm is the bottom layer (torch, mlipdd.data and group_abort only)",
+    "group_abort": "the group abort is torch.distributed only; comm builds on it",
     "spec": "specs describe distribution without knowing models or the runtime",
     "shard": "the dispatch knows layouts and ops, never models, strategies or the runtime",
     "models": "a wrapper's forward is single-process code; the core distributes it from outside",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlipdd.data import InputError
+from mlipdd.strategy.balance import check_balance
 from mlipdd.strategy.kinds import StrategyKind
 
 __all__ = ["DomainConfig", "StrategyKind"]
@@ -21,7 +22,11 @@ class DomainConfig:
     stress out) run, and are agreed on by all ranks, on the first call and every
     ``check_every`` calls (each costs a host synchronisation; a NaN in MD persists, so
     it is reported at most ``check_every - 1`` calls late; 1: every call). Neighbour
-    list rebuilds always validate the input in full."""
+    list rebuilds always validate the input in full;
+    ``balance``: None (uniform cut planes), ``"count"`` (planes moved so every slab holds
+    as many atoms) or ``"time"`` (planes moved by measured force time, ``balance_damping``
+    of the way), re-balanced every ``balance_every`` neighbour-list rebuilds; it moves the
+    planes of a strategy built on spatial ownership (`mlipdd.strategy.balance`)."""
 
     cutoff: float
     skin: float = 0.5
@@ -29,6 +34,9 @@ class DomainConfig:
     grid: tuple[int, int, int] | None = None
     compile: bool = False
     check_every: int = 10
+    balance: str | None = None
+    balance_every: int = 10
+    balance_damping: float = 0.5
 
     def __post_init__(self) -> None:
         self.strategy = _strategy_name(self.strategy)
@@ -40,6 +48,12 @@ class DomainConfig:
             raise InputError(f"DomainConfig.check_every must be a positive number of calls, got {self.check_every}")
         if self.grid is not None and (len(self.grid) != 3 or min(self.grid) < 1):
             raise InputError(f"DomainConfig.grid must be three positive integers, got {self.grid}")
+        check_balance(self.balance, self.balance_every, self.balance_damping)
+        if self.balance is not None and self.strategy is StrategyKind.GRAPH_PARTITION:
+            raise InputError(
+                "DomainConfig.balance moves the spatial cut planes of the halo and sharded strategies; "
+                "graph_partition splits atoms by count already: use strategy='halo' or leave balance=None"
+            )
 
     @property
     def halo_width(self) -> float:

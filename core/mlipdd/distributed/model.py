@@ -17,6 +17,7 @@ from mlipdd.distributed.config import DomainConfig, StrategyKind
 from mlipdd.plugins import get_strategy
 from mlipdd.shard.custom_ops import activated
 from mlipdd.spec.patching import installed
+from mlipdd.strategy.balance import load_balance_of
 
 
 def resolve_spec(model, strategy: StrategyKind | str, spec=None):
@@ -68,6 +69,11 @@ class DistributedModel(nn.Module):
     @property
     def cutoff(self) -> float:
         return self.model.cutoff
+
+    @property
+    def load_imbalance(self) -> float | None:
+        """Max/mean owned atoms per rank at the latest rebuild (None: not measured)."""
+        return getattr(load_balance_of(self.strategy), "imbalance", None)
 
     def partition(self, full: Batch | None, device=None) -> Batch:
         """Rank 0 holds the full system (None elsewhere); returns this rank's owned atoms,

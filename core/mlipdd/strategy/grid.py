@@ -1,8 +1,10 @@
 """The 3-D rank grid of the spatial halo strategy and who owns which point.
 
 Space is split in fractional coordinates, so a triclinic cell is cut along its own
-lattice planes: rank ``(cx, cy, cz)`` owns ``cx/gx <= f_a < (cx+1)/gx`` along a, and
-so on. A length measured perpendicular to the faces (the halo width) becomes the
+lattice planes: rank ``(cx, cy, cz)`` owns ``cuts_a[cx] <= f_a < cuts_a[cx+1]`` along a,
+and so on. The cuts are uniform (``c / g``) unless a balancer moved them
+(`mlipdd.strategy.balance`); moved cuts are still lattice planes, so triclinic cells
+stay exact. A length measured perpendicular to the faces (the halo width) becomes the
 fractional width ``w * |column a of inv(cell)|`` (the reciprocal vector's length is
 one over the spacing of the a-planes).
 """
@@ -19,7 +21,31 @@ from mlipdd.data import InputError
 
 @dataclass(frozen=True)
 class RankGrid:
+    """``dims`` ranks per axis; ``cuts`` per axis the ``g + 1`` plane positions in
+    fractional coordinates (0 first, 1 last, non-decreasing), None for uniform cuts."""
+
     dims: tuple[int, int, int]
+    cuts: tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.cuts is None:
+            return
+        for g, c in zip(self.dims, self.cuts, strict=True):
+            if len(c) != g + 1 or c[0] != 0.0 or c[-1] != 1.0 or any(b < a for a, b in zip(c, c[1:])):
+                raise InputError(
+                    f"rank grid cuts {self.cuts} do not fit dims {self.dims}: each axis needs g + 1 "
+                    "non-decreasing fractional positions from 0 to 1"
+                )
+
+    def bounds(self, axis: int, dtype=torch.float64, device=None) -> torch.Tensor:
+        """The ``g + 1`` cut positions along ``axis`` (fractional)."""
+        g = self.dims[axis]
+        if self.cuts is None:
+            return torch.arange(g + 1, dtype=dtype, device=device) / g
+        return torch.tensor(self.cuts[axis], dtype=dtype, device=device)
+
+    def with_cuts(self, cuts) -> RankGrid:
+        return RankGrid(self.dims, tuple(tuple(float(x) for x in c) for c in cuts))
 
     @property
     def size(self) -> int:
@@ -36,9 +62,15 @@ class RankGrid:
 
     def owner(self, frac: torch.Tensor) -> torch.Tensor:
         """Owner rank of points with fractional coordinates in [0, 1)."""
-        dims = torch.tensor(self.dims, device=frac.device)
-        cells = torch.minimum((frac * dims).floor().long(), dims - 1).clamp_min(0)
-        return self.rank_of(cells)
+        if self.cuts is None:
+            dims = torch.tensor(self.dims, device=frac.device)
+            cells = torch.minimum((frac * dims).floor().long(), dims - 1).clamp_min(0)
+            return self.rank_of(cells)
+        cells = [
+            torch.bucketize(frac[:, a].contiguous(), self.bounds(a, frac.dtype, frac.device)[1:-1], right=True)
+            for a in range(3)
+        ]
+        return self.rank_of(torch.stack(cells, dim=-1))
 
 
 def plane_spacings(cell: torch.Tensor) -> torch.Tensor:
@@ -102,6 +134,7 @@ def halo_targets(frac: torch.Tensor, frac_width: torch.Tensor, periodic: torch.T
     per_axis = []
     for a in range(3):
         g = grid.dims[a]
+        bounds = grid.bounds(a, frac.dtype, device)
         k = image_range(frac_width[:, a]) if bool(periodic[:, a].any()) else 0
         shifts = torch.arange(-k, k + 1, device=device)
         cells = torch.arange(g, device=device)
@@ -109,7 +142,7 @@ def halo_targets(frac: torch.Tensor, frac_width: torch.Tensor, periodic: torch.T
         s, c = s.reshape(-1), c.reshape(-1)
         u = frac[:, a : a + 1] + s  # (n, options)
         w = frac_width[:, a : a + 1]
-        inside = (u >= c / g - w) & (u < (c + 1) / g + w)
+        inside = (u >= bounds[c] - w) & (u < bounds[c + 1] + w)
         inside &= periodic[:, a : a + 1] | (s == 0)
         per_axis.append((inside, s, c))
     # Combine the axes one at a time to keep the candidate set small.

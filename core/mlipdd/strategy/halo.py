@@ -33,6 +33,7 @@ from mlipdd.neighbors import NeighborList, build_neighbor_list
 from mlipdd.shard import ShardMeta, ShardTensor, halo_accumulate
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows, pad
 from mlipdd.shard.layouts import layout_for
+from mlipdd.strategy.balance import LoadBalance
 from mlipdd.strategy.base import Strategy
 from mlipdd.strategy.grid import RankGrid, check_grid, choose_grid, halo_targets, plane_spacings
 from mlipdd.strategy.kinds import StrategyKind
@@ -58,7 +59,7 @@ class HaloPlanner(OnGroup):
     """Spatial ownership, migration and the halo plan (see the module docstring)."""
 
     def __init__(self, width: float, grid: tuple[int, int, int] | None, group=None,
-                 cutoff: float | None = None, skin: float = 0.0):
+                 cutoff: float | None = None, skin: float = 0.0, balance: LoadBalance | None = None):
         self.width = float(width)
         self.cutoff = float(cutoff if cutoff is not None else width - skin)
         self.skin = float(skin)
@@ -66,6 +67,7 @@ class HaloPlanner(OnGroup):
         self.group = group
         self.grid: RankGrid | None = None
         self.rebuilds = 0
+        self.balance = balance if balance is not None else LoadBalance(group=group)  # planes that follow the atoms
 
     def grid_for(self, cell: torch.Tensor) -> RankGrid:
         if self.grid is None:
@@ -77,7 +79,8 @@ class HaloPlanner(OnGroup):
 
     @classmethod
     def from_config(cls, config, group=None) -> HaloPlanner:
-        return cls(config.halo_width, config.grid, group, cutoff=config.cutoff, skin=config.skin)
+        return cls(config.halo_width, config.grid, group, cutoff=config.cutoff, skin=config.skin,
+                   balance=LoadBalance.from_config(config, group))
 
     def prepare(self, batch: Batch, state) -> HaloState | None:
         """Collective: at a rebuild (decided by all ranks), validate, migrate and build the
@@ -89,7 +92,9 @@ class HaloPlanner(OnGroup):
         if not any_rank(self.needs_rebuild(batch, state), self.group):
             return None
         check_together(check_domain_inputs, batch, group=self.group)
+        self.grid = self.balance.at_rebuild(self.grid_for(batch.cell), wrapped_fractional(batch))
         self.migrate(batch)
+        self.balance.record(self.grid, batch.num_atoms, self.rebuilds + 1)
         return self.build(batch, self.cutoff + self.skin)
 
     # ---- ownership ------------------------------------------------------------------
@@ -103,7 +108,10 @@ class HaloPlanner(OnGroup):
         parts = compute_on_rank0(self._split, full, group=self.group)
         owned = scatter_objects(parts, self.group)
         owned = owned.to(device) if device is not None else owned
-        self.grid_for(owned.cell)
+        grid = self.grid_for(owned.cell)
+        if self.balance.mode is not None:  # planes by atom count, then atoms to their owners
+            self.grid = self.balance.at_partition(grid, wrapped_fractional(owned), device)
+            self.migrate(owned)
         return owned
 
     def _split(self, full: Batch | None) -> list[Batch]:
@@ -236,6 +244,9 @@ class HaloStrategy(Strategy):
 
     def prepare(self, batch: Batch) -> None:
         self.state = self.halo.prepare(batch, self.state) or self.state
+
+    def model_scope(self, meta: ShardMeta):
+        return self.halo.balance.timing()  # the force time balance="time" measures
 
     def model_batch(self, batch: Batch, spec) -> tuple[Batch, ShardMeta]:
         """The batch the model sees: ``[owned | ghost]`` rows, positions as a ShardTensor."""

@@ -89,6 +89,9 @@ class ShardedStrategy(Strategy):
             check_together(check_rows_distinct, batch, group=self.group)
             self.state = shard_halo(halo, batch, self.rank, self.group)
 
+    def model_scope(self, meta: ShardMeta):
+        return self.halo.balance.timing()  # the force time balance="time" measures
+
     def model_batch(self, batch: Batch, spec) -> tuple[Batch, ShardMeta]:
         """Owned rows only; positions and atomic numbers as sharded ShardTensors."""
         state = self.state

@@ -95,3 +95,48 @@ def check_conformance(model_factory: Callable, batch: Batch, world_size: int, co
         result.rel_diff[key] = relative_difference(value, reference[key])
         result.abs_diff[key] = float((value - reference[key]).abs().max())
     return result
+
+
+def _distributed_cases(rank, world_size, cases, compute_stress, device):
+    """Worker: `distributed_outputs` for several (model_factory, batch, config_kwargs) in one launch,
+    plus the strategy's rank grid (its cut planes) and owned-atom imbalance."""
+    out = []
+    for factory, batch, config_kwargs in cases:
+        from mlipdd.distributed import DistributedModel, DomainConfig
+        from mlipdd.strategy.balance import load_balance_of
+
+        model = build_model(factory, device)
+        dm = DistributedModel(model, DomainConfig(**{"cutoff": model.cutoff, **config_kwargs}))
+        owned = dm.partition(batch if rank == 0 else None, device=device)
+        result = dm(owned, compute_stress=compute_stress)
+        out.append({
+            "atom_ids": owned.atom_ids, "energy": result["energy"], "forces": result["forces"],
+            "stress": result.get("stress"), "grid": dm.strategy.grid,
+            "imbalance": getattr(load_balance_of(dm.strategy), "imbalance", None),
+        })
+    return out
+
+
+def check_conformance_cases(cases, world_size: int, compute_stress: bool = True, timeout: float = 300.0,
+                            device: str = "cpu") -> list[tuple[ConformanceResult, list[dict]]]:
+    """`check_conformance` for several ``(model_factory, batch, config_kwargs)`` cases in ONE
+    spawned launch (starting ranks costs more than a small system's forward). Returns per
+    case the result and every rank's raw part (``grid``, ``imbalance``, ``atom_ids``)."""
+    per_rank = run_ranks(_distributed_cases, world_size, cases, compute_stress, device, timeout=timeout)
+    checked = []
+    for i, (factory, batch, _) in enumerate(cases):
+        model = build_model(factory, device)
+        reference = model(batch.clone().to(device), compute_stress=compute_stress)
+        reference = {k: v.detach().cpu() for k, v in reference.items() if torch.is_tensor(v)}
+        parts = [p[i] for p in per_rank]
+        ids = torch.cat([p["atom_ids"] for p in parts])
+        assert torch.equal(ids.sort().values, batch.atom_ids.sort().values), "atoms lost or duplicated"
+        dist_out = {"energy": parts[0]["energy"], "forces": gather_by_id(parts, "forces", batch.num_atoms)}
+        if compute_stress:
+            dist_out["stress"] = parts[0]["stress"]
+        result = ConformanceResult(world_size, reference, dist_out)
+        for key, value in dist_out.items():
+            result.rel_diff[key] = relative_difference(value, reference[key])
+            result.abs_diff[key] = float((value - reference[key]).abs().max())
+        checked.append((result, parts))
+    return checked

@@ -59,6 +59,21 @@ def two_systems(species=(18,), spacing=3.7, seed=4) -> Batch:
     return Batch.from_data_list([first, second])
 
 
+def half_filled(species=(18,), spacing=3.7, reps=(4, 6, 5), seed=5) -> Batch:
+    """Periodic triclinic cell whose atoms fill only the lower half along a (a block of
+    matter and a vacuum gap): uniform cut planes leave ranks nearly empty."""
+    la, lb, lc = 2 * spacing * reps[0], spacing * reps[1], spacing * reps[2]
+    cell = torch.tensor([[la, 0.0, 0.0], [0.25 * lb, lb, 0.0], [0.15 * lc, 0.2 * lc, lc]], dtype=torch.float64)
+    data = _grid_system(cell, True, reps, species, seed, margin=(0.0, 0.0, 0.0))
+    frac = data.positions @ torch.linalg.inv(cell)
+    frac[:, 0] = 0.5 * frac[:, 0]  # squeeze the block into the lower half along a
+    return Batch.from_data_list([AtomicData(positions=frac @ cell, atomic_numbers=data.atomic_numbers,
+                                            cell=cell, pbc=True, dtype=cell.dtype)])
+
+
+# Inhomogeneous systems on which load balancing must move the planes and stay exact.
+UNEVEN_CELLS = {"slab": slab, "half_filled": half_filled}
+
 AWKWARD_CELLS = {
     "cubic": cubic,
     "triclinic": triclinic,

@@ -27,7 +27,9 @@ class ThermoLogger:
     `COLUMNS`), which is how `run_simulation` computes its summary.
 
     Under domain decomposition every rank computes the (reduced) numbers, because the
-    reductions are collective; only the root rank writes.
+    reductions are collective; only the root rank writes. When the model reports a
+    ``load_imbalance`` (a `DistributedModel`: max/mean owned atoms per rank at the latest
+    neighbour-list rebuild), it is one more column, ``imbalance`` in the records.
     """
 
     stage = (DynamicsStage.BEFORE_RUN, DynamicsStage.AFTER_STEP)
@@ -51,6 +53,7 @@ class ThermoLogger:
         ekin = dyn.kinetic_energy().detach().double().cpu()
         econs = dyn.conserved_energy().detach().double().cpu()
         temp = dyn.temperature().detach().double().cpu()
+        imbalance = getattr(dyn.model, "load_imbalance", None)
         lines = []
         for s in range(epot.shape[0]):
             rec = {
@@ -63,17 +66,21 @@ class ThermoLogger:
                 "econs": float(econs[s]),
                 "temperature": float(temp[s]),
             }
-            self.records.append(rec)
-            lines.append(
+            line = (
                 f"{rec['step']:8d} {rec['time_ps']:10.4f} {s:3d} {rec['epot']:15.6f} "
                 f"{rec['ekin']:13.6f} {rec['etot']:15.6f} {rec['econs']:15.6f} {rec['temperature']:9.2f}"
             )
+            if imbalance is not None:
+                rec["imbalance"] = float(imbalance)
+                line += f" {imbalance:14.3f}"
+            self.records.append(rec)
+            lines.append(line)
         if dyn.reduce.is_root:
-            self._write(lines)
+            self._write(lines, with_imbalance=imbalance is not None)
 
-    def _write(self, lines: list[str]) -> None:
+    def _write(self, lines: list[str], with_imbalance: bool = False) -> None:
         if not self._header_written:
-            lines = [_HEADER, *lines]
+            lines = [_HEADER + (f" {'owned max/mean':>14}" if with_imbalance else ""), *lines]
             self._header_written = True
         out = self._output
         if isinstance(out, logging.Logger):

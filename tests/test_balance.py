@@ -1,0 +1,182 @@
+"""Load balancing: cut planes that follow the atoms stay exact (1-4 real gloo ranks, float64).
+
+One spawned launch per rank count checks LJ and the 3-layer MPNN on a slab with vacuum
+and a half-filled triclinic cell; MD with planes moving at every rebuild equals one
+process, with every hook scope, and restarts on another rank count.
+"""
+
+import io
+
+import pytest
+import torch
+from mlipdd.data import InputError
+from mlipdd.distributed import DomainConfig, DomainParallel
+from mlipdd.dynamics import NVE, ThermoLogger
+from mlipdd.models.lj import LennardJones
+from mlipdd.strategy.balance import _quantile_cuts, balanced_cuts, load_balance_of
+from mlipdd.strategy.grid import RankGrid, halo_targets
+from mlipdd.testing import run_ranks
+from mlipdd.testing.conformance import check_conformance_cases
+from mlipdd.testing.systems import UNEVEN_CELLS, half_filled, slab
+from mlipdd.testing.toy_models import ToyMPNN
+from test_domain_parallel import DT, GlobalKinetic, OwnedIds, Snapshots, assert_same_frames, single_process
+
+
+def lj():
+    return LennardJones(epsilon=0.0104, sigma=3.4, cutoff=7.0)
+
+
+def mpnn():
+    return ToyMPNN(cutoff=4.5, layers=3, species=(8, 18))
+
+
+# ---- the grid and the quantiles, in one process ---------------------------------------------
+def test_cuts_own_the_right_atoms_and_halo_covers_thin_slabs():
+    grid = RankGrid((3, 1, 1), ((0.0, 0.1, 0.15, 1.0), (0.0, 1.0), (0.0, 1.0)))
+    frac = torch.tensor([[0.05, 0.5, 0.5], [0.1, 0.5, 0.5], [0.12, 0.2, 0.3], [0.9, 0.1, 0.1]],
+                        dtype=torch.float64)
+    assert grid.owner(frac).tolist() == [0, 1, 1, 2]
+    # a halo 0.2 wide (wider than slab 1, 0.05 thick) reaches across it into slab 2
+    width = torch.full((4, 3), 0.2, dtype=torch.float64)
+    atom, shift, rank = halo_targets(frac, width, torch.ones(4, 3, dtype=torch.bool), grid)
+    reached = {(int(a), int(r)) for a, r, s in zip(atom, rank, shift) if not s.any()}
+    assert (0, 2) in reached and (3, 0) not in reached  # 0.05 -> slab 2 starts at 0.15
+    wrapped = {(int(a), int(r)) for a, r, s in zip(atom, rank, shift) if s[0] == -1}
+    assert (3, 0) in wrapped  # its image at 0.9 - 1 lies within 0.2 of slab 0 (periodic)
+    with pytest.raises(InputError, match="non-decreasing"):
+        RankGrid((2, 1, 1), ((0.0, 0.7, 0.6), (0.0, 1.0), (0.0, 1.0)))
+
+
+def test_uniform_cuts_own_like_before():
+    frac = torch.rand(500, 3, dtype=torch.float64)
+    uniform = RankGrid((2, 3, 1))
+    explicit = uniform.with_cuts([uniform.bounds(a) for a in range(3)])
+    assert torch.equal(uniform.owner(frac), explicit.owner(frac))
+
+
+def test_quantile_cuts_split_counts_evenly():
+    frac = torch.cat([torch.rand(300, 3, dtype=torch.float64) * 0.3, torch.rand(100, 3, dtype=torch.float64)])
+    cuts = balanced_cuts(frac, None, (4, 2, 1))
+    grid = RankGrid((4, 2, 1)).with_cuts(cuts)
+    counts = torch.bincount(grid.owner(frac) // 2, minlength=4)  # slabs along a
+    assert counts.max() - counts.min() <= 4, counts
+    assert cuts[2].tolist() == [0.0, 1.0]
+    # weights move the planes: heavy atoms on the left get thinner slabs
+    weights = torch.where(frac[:, 0] < 0.5, 3.0, 1.0).double()
+    heavy = balanced_cuts(frac, weights, (4, 2, 1))
+    assert heavy[0][2] < cuts[0][2]
+    # an empty histogram keeps uniform planes
+    assert _quantile_cuts(torch.zeros(16, dtype=torch.float64), 4).tolist() == [0, 0.25, 0.5, 0.75, 1]
+
+
+def test_bad_balance_settings_name_the_fix():
+    with pytest.raises(InputError, match="'count' or 'time'"):
+        DomainConfig(cutoff=3.0, balance="atoms")
+    with pytest.raises(InputError, match="balance_every"):
+        DomainConfig(cutoff=3.0, balance="count", balance_every=0)
+    with pytest.raises(InputError, match="balance_damping"):
+        DomainConfig(cutoff=3.0, balance="time", balance_damping=0.0)
+    with pytest.raises(InputError, match="strategy='halo'"):
+        DomainConfig(cutoff=3.0, balance="count", strategy="graph_partition")
+
+
+# ---- conformance with moved planes, 2/3/4 ranks -------------------------------------------
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_balanced_planes_are_exact_on_uneven_systems(world_size):
+    cases, names = [], []
+    for cell, make in UNEVEN_CELLS.items():
+        for factory in (lj, mpnn):
+            species = (18,) if factory is lj else (8, 18)
+            cases.append((factory, make(species=species), {"balance": "count", "skin": 0.3}))
+            names.append((cell, factory.__name__))
+    for (cell, model), (result, parts) in zip(names, check_conformance_cases(cases, world_size), strict=True):
+        result.assert_close(energy=1e-12, forces=1e-10, stress=1e-10)
+        grid = parts[0]["grid"]
+        assert all(p["grid"] == grid for p in parts), "ranks own by different planes"
+        moved = any(grid.bounds(a).tolist() != RankGrid(grid.dims).bounds(a).tolist() for a in range(3))
+        assert moved, f"{cell}/{model}: the planes did not move off uniform ({grid})"
+        owned = torch.tensor([len(p["atom_ids"]) for p in parts], dtype=torch.float64)
+        # count balance along each axis: the per-rank share is even up to one grid row of atoms
+        assert owned.max() / owned.mean() < 1.35, f"{cell}/{model}: owned {owned.tolist()}"
+        assert parts[0]["imbalance"] == pytest.approx(float(owned.max() / owned.mean()))
+
+
+def test_uniform_planes_are_uneven_on_the_same_systems():
+    """The premise: without balancing these systems leave ranks nearly empty."""
+    for make in (slab, half_filled):
+        batch = make()
+        from mlipdd.strategy.halo import wrapped_fractional
+
+        owner = RankGrid((4, 1, 1)).owner(wrapped_fractional(batch)) if make is half_filled else \
+            RankGrid((1, 1, 4)).owner(wrapped_fractional(batch))
+        counts = torch.bincount(owner, minlength=4).double()
+        assert counts.max() / counts.mean() > 1.6
+
+
+# ---- MD while the planes move -------------------------------------------------------------
+CUTOFF = 5.5
+
+
+def film(seed=3):
+    """A hot LJ liquid film: periodic box, atoms in the lower 55 % along c (vacuum above)."""
+    from mlipdd.lattices import lj_liquid
+
+    batch = lj_liquid(4, temperature=1500.0, seed=seed)
+    cell = batch.cell[0].clone()
+    cell[2] = cell[2] * 1.8
+    batch.system["cell"] = cell[None]
+    return batch
+
+
+def nve(hooks=()):
+    return NVE(LennardJones(epsilon=0.0104, sigma=3.4, cutoff=CUTOFF), DT, hooks)
+
+
+def _balanced_md(rank, world_size, mode, n_steps, path=None, restore=False):
+    snaps, owners, kinetic = Snapshots(50), OwnedIds(), GlobalKinetic()
+    thermo_out = io.StringIO()
+    thermo = ThermoLogger(thermo_out, frequency=20)
+    config = DomainConfig(cutoff=CUTOFF, skin=0.5, balance=mode, balance_every=1, balance_damping=0.7)
+    with DomainParallel(nve(), config, n_steps, hooks=[snaps, owners, kinetic, thermo]) as dp:
+        if restore:
+            dp.restore(path)
+        else:
+            dp.partition(film() if rank == 0 else None)
+        dp.run()
+        if path is not None and not restore:
+            dp.save_checkpoint(path)
+        balance = load_balance_of(dp.strategy)
+        return {"frames": snaps.frames, "owned_history": owners.history, "kinetic": kinetic.values,
+                "history": balance.history, "log": thermo_out.getvalue(), "records": thermo.records}
+
+
+def _distinct_planes(history):
+    return {h["cuts"] for h in history}
+
+
+@pytest.mark.parametrize(("world_size", "mode"), [(2, "count"), (3, "time"), (4, "time")])
+def test_md_with_moving_planes_equals_one_process(world_size, mode, tmp_path):
+    n_steps = 200
+    path = str(tmp_path / "state.pt") if world_size == 2 else None
+    results = run_ranks(_balanced_md, world_size, mode, n_steps, path, timeout=300)
+    expected = single_process("nve", n_steps, full=film())
+    assert_same_frames(results[0]["frames"], expected, tol=1e-8)
+    history = results[0]["history"]
+    assert all(r["history"] == history for r in results), "ranks disagree on the planes"
+    assert len(_distinct_planes(history)) >= 3, f"planes hardly moved: {len(_distinct_planes(history))}"
+    # every atom owned once at every step (LOCAL hook), GLOBAL hook saw the whole system
+    for step in range(n_steps + 1):
+        ids = torch.cat([r["owned_history"][step] for r in results])
+        assert torch.equal(ids.sort().values, torch.arange(film().num_atoms))
+    assert all(n == film().num_atoms for _, n, _, _ in results[0]["kinetic"])
+    # the thermo log reports the imbalance at the latest rebuild, only on rank 0
+    assert "max/mean" in results[0]["log"] and results[1]["log"] == ""
+    assert all(r["imbalance"] >= 1.0 for r in results[0]["records"])
+    if mode == "count":
+        assert max(h["imbalance"] for h in history[1:]) < 1.1
+    if path is not None:  # restart the balanced run on 3 ranks: the trajectory continues
+        more = run_ranks(_balanced_md, 3, "count", 50, path, True, timeout=300)
+        continued = single_process("nve", n_steps + 50, full=film())
+        frames = more[0]["frames"]
+        assert sorted(frames) == [200, 250]
+        assert_same_frames(frames, {s: continued[s] for s in frames}, tol=1e-8)

@@ -180,3 +180,17 @@ def test_md_with_moving_planes_equals_one_process(world_size, mode, tmp_path):
         frames = more[0]["frames"]
         assert sorted(frames) == [200, 250]
         assert_same_frames(frames, {s: continued[s] for s in frames}, tol=1e-8)
+
+
+def test_cli_balance_flag_reaches_the_ranks_and_reports_imbalance():
+    import json
+
+    from test_domain_parallel import _mlipdd
+
+    done = _mlipdd("run", "--nproc", "2", "--balance", "count", "--steps", "10", "--size", "3",
+                   "--log-every", "5", "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout[done.stdout.index("{"):])
+    assert summary["max_force_diff_eV_per_A"] < 1e-10 and summary["atoms_conserved"] is True
+    assert summary["load_imbalance"] >= 1.0
+    assert "owned max/mean" in done.stdout  # the thermo lines carry the column

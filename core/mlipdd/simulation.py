@@ -61,6 +61,7 @@ class RunConfig:
     collective_timeout: float = 300.0
     checkpoint: str | None = None  # write the full state here (also when stopped by a signal)
     checkpoint_every: int = 1000
+    balance: str | None = None  # None: uniform cut planes; "count" / "time": see DomainConfig
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
@@ -92,6 +93,8 @@ class RunConfig:
             )
         if int(self.checkpoint_every) < 1:
             raise InputError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+        if self.balance not in (None, "count", "time"):
+            raise InputError(f"balance must be count or time (or left out), got {self.balance!r}")
         if self.progress not in ("auto", "on", "off"):
             raise InputError(f"progress must be auto, on or off, got {self.progress!r}")
         return self
@@ -279,4 +282,6 @@ def _distributed_lines(s: Mapping[str, Any]) -> list[str]:
             f"atoms conserved: {'yes' if s['atoms_conserved'] else 'NO'}"
         ),
         f"  first-step forces vs one process: max |dF| {s['max_force_diff_eV_per_A']:.3g} eV/A",
+        *([f"  owned atoms per rank, max/mean at the last rebuild: {s['load_imbalance']:.3f}"]
+          if s.get("load_imbalance") is not None else []),
     ]

@@ -78,6 +78,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="run on N local ranks with domain decomposition (under torchrun/srun ranks join)",
     )
     add("--strategy", choices=("halo",), default=s, help=f"decomposition (default {d.strategy})")
+    add("--balance", choices=("count", "time"), default=s,
+        help="move the cut planes at rebuilds: even atom counts, or even measured force time (CPU)")
     add("--grid", type=_grid, default=s, metavar="GX,GY,GZ", help="rank grid (default: least halo)")
     add("--checkpoint", default=s, metavar="PATH", help="write the full state here every "
         "--checkpoint-every steps, at the end, and when stopped by SIGTERM/SIGHUP/Ctrl-C")

@@ -187,6 +187,7 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
         skin=cfg.skin,
         strategy=cfg.strategy,
         grid=tuple(cfg.grid) if cfg.grid else None,
+        balance=cfg.balance,
     )
     with DomainParallel(dynamics, config, cfg.steps, hooks) as dp:
         owned = dp.partition(full)
@@ -204,6 +205,7 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
         summary = _summary(cfg, dynamics, owned, hooks[0].records, wall, start_energy, end_energy)
         grid = dp.strategy.grid.dims if dp.strategy.grid is not None else None
         summary["neighbor_list_builds"] = dp.strategy.rebuilds
+        summary["load_imbalance"] = dp.model.load_imbalance
     if rank != 0:
         return None
     conserved = end.num_atoms == full.num_atoms and torch.equal(

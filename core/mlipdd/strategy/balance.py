@@ -189,6 +189,11 @@ def _quantile_cuts(hist: torch.Tensor, g: int) -> torch.Tensor:
     below = cdf[k] - hist[k]
     inside = torch.where(hist[k] > 0, (targets - below) / hist[k].clamp_min(1e-300), torch.zeros_like(targets))
     inner = ((k.double() + inside.clamp(0, 1)) / bins).clamp(0, 1)
+    # A target met exactly at the end of a bin, with empty bins after it (a gap between
+    # layers, vacuum): cut in the middle of the gap, not against the last atoms.
+    after = torch.searchsorted(cdf, targets, right=True).clamp_(max=bins)  # first bin with cdf > target
+    exact = (cdf[k] == targets) & (after > k + 1)
+    inner = torch.where(exact, (k.double() + 1 + after.double()) / (2 * bins), inner)
     inner = torch.cummax(inner, 0).values  # non-decreasing whatever the rounding
     return torch.cat([uniform[:1], inner, uniform[-1:]])
 

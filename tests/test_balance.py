@@ -1,7 +1,7 @@
 """Load balancing: cut planes that follow the atoms stay exact (1-4 real gloo ranks, float64).
 
 One spawned launch per rank count checks LJ and the 3-layer MPNN on a slab with vacuum
-and a half-filled triclinic cell; MD with planes moving at every rebuild equals one
+and a half-filled triclinic cell (and charge equilibration under sharded storage); MD with planes moving at every rebuild equals one
 process, with every hook scope, and restarts on another rank count.
 """
 
@@ -14,9 +14,10 @@ from mlipdd.distributed import DomainConfig, DomainParallel
 from mlipdd.dynamics import NVE, ThermoLogger
 from mlipdd.models.lj import LennardJones
 from mlipdd.strategy.balance import _quantile_cuts, balanced_cuts, load_balance_of
-from mlipdd.strategy.grid import RankGrid, halo_targets
+from mlipdd.strategy.grid import RankGrid, halo_targets, plane_spacings
 from mlipdd.testing import run_ranks
 from mlipdd.testing.conformance import check_conformance_cases
+from mlipdd.testing.qeq_model import QEqModel
 from mlipdd.testing.systems import UNEVEN_CELLS, half_filled, slab
 from mlipdd.testing.toy_models import ToyMPNN
 from test_domain_parallel import DT, GlobalKinetic, OwnedIds, Snapshots, assert_same_frames, single_process
@@ -28,6 +29,10 @@ def lj():
 
 def mpnn():
     return ToyMPNN(cutoff=4.5, layers=3, species=(8, 18))
+
+
+def qeq():
+    return QEqModel(cutoff=4.5, species=(1, 8))
 
 
 # ---- the grid and the quantiles, in one process ---------------------------------------------
@@ -76,7 +81,7 @@ def test_bad_balance_settings_name_the_fix():
         DomainConfig(cutoff=3.0, balance="count", balance_every=0)
     with pytest.raises(InputError, match="balance_damping"):
         DomainConfig(cutoff=3.0, balance="time", balance_damping=0.0)
-    with pytest.raises(InputError, match="strategy='halo'"):
+    with pytest.raises(InputError, match="graph_partition splits atoms by count"):
         DomainConfig(cutoff=3.0, balance="count", strategy="graph_partition")
 
 
@@ -89,9 +94,20 @@ def test_balanced_planes_are_exact_on_uneven_systems(world_size):
             species = (18,) if factory is lj else (8, 18)
             cases.append((factory, make(species=species), {"balance": "count", "skin": 0.3}))
             names.append((cell, factory.__name__))
-    for (cell, model), (result, parts) in zip(names, check_conformance_cases(cases, world_size), strict=True):
+    # sharded storage owns atoms by the same planes
+    cases.append((qeq, slab(species=(1, 8), spacing=3.0), {"balance": "count", "strategy": "sharded"}))
+    names.append(("slab", "qeq sharded"))
+    if world_size == 4:  # four slabs across the filled half: each thinner than half the shell
+        cases.append((lj, half_filled(), {"balance": "count", "skin": 0.3, "grid": (4, 1, 1)}))
+        names.append(("half_filled 4x1x1", "lj"))
+    thinnest = []  # per case: thinnest slab / halo width
+    for (cell, model), (factory, batch, kwargs), (result, parts) in zip(
+            names, cases, check_conformance_cases(cases, world_size), strict=True):
         result.assert_close(energy=1e-12, forces=1e-10, stress=1e-10)
         grid = parts[0]["grid"]
+        spacing = plane_spacings(batch.cell)[0]
+        width = factory().cutoff + kwargs.get("skin", 0.5)
+        thinnest.append(min(float(grid.bounds(a).diff().min() * spacing[a]) for a in range(3)) / width)
         assert all(p["grid"] == grid for p in parts), "ranks own by different planes"
         moved = any(grid.bounds(a).tolist() != RankGrid(grid.dims).bounds(a).tolist() for a in range(3))
         assert moved, f"{cell}/{model}: the planes did not move off uniform ({grid})"
@@ -99,6 +115,8 @@ def test_balanced_planes_are_exact_on_uneven_systems(world_size):
         # count balance along each axis: the per-rank share is even up to one grid row of atoms
         assert owned.max() / owned.mean() < 1.35, f"{cell}/{model}: owned {owned.tolist()}"
         assert parts[0]["imbalance"] == pytest.approx(float(owned.max() / owned.mean()))
+    if world_size == 4:  # balanced planes crowd into the matter: a ghost shell spans several slabs
+        assert min(thinnest) < 0.6, thinnest
 
 
 def test_uniform_planes_are_uneven_on_the_same_systems():

@@ -79,6 +79,7 @@ def _rank(rank, world_size, system, cells, mode, warmup, steps):
     from mlipdd.distributed import DomainConfig, DomainParallel
     from mlipdd.dynamics import NVE
     from mlipdd.models.lj import LennardJones
+    from mlipdd.strategy.balance import load_balance_of
 
     dyn = NVE(LennardJones(epsilon=EPSILON, sigma=SIGMA, cutoff=CUTOFF), DT_FS)
     config = DomainConfig(cutoff=CUTOFF, skin=SKIN, balance=mode, balance_every=1)
@@ -92,7 +93,7 @@ def _rank(rank, world_size, system, cells, mode, warmup, steps):
         cpu = time.thread_time() - cpu
         dist.barrier()
         wall = time.perf_counter() - wall
-        history = dp.strategy.balance.history
+        history = load_balance_of(dp.strategy).history
         return {"wall": wall, "cpu": cpu, "imbalance": history[-1]["imbalance"], "owned": history[-1]["owned"],
                 "rebuilds": len(history), "grid": dp.strategy.grid.dims, "atoms": int(dyn.num_atoms()),
                 "etot": float(dyn.conserved_energy().sum())}

@@ -61,7 +61,7 @@ def droplet(cells: int):
     periodic box of ``1.6 * cells`` unit cells (about a quarter of the box filled)."""
     from mlipdd.lattices import fcc_argon
 
-    n = int(round(1.6 * cells))
+    n = round(1.6 * cells)
     bulk = fcc_argon(n, a=LATTICE, temperature=None)
     cell = bulk.cell[0].clone()
     centre = 0.5 * cell.sum(0)

@@ -20,7 +20,14 @@ from mlipdd.testing.conformance import check_conformance_cases
 from mlipdd.testing.qeq_model import QEqModel
 from mlipdd.testing.systems import UNEVEN_CELLS, half_filled, slab
 from mlipdd.testing.toy_models import ToyMPNN
-from test_domain_parallel import DT, GlobalKinetic, OwnedIds, Snapshots, assert_same_frames, single_process
+from test_domain_parallel import (
+    DT,
+    GlobalKinetic,
+    OwnedIds,
+    Snapshots,
+    assert_same_frames,
+    single_process,
+)
 
 
 def lj():

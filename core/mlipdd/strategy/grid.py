@@ -11,6 +11,7 @@ one over the spacing of the a-planes).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ class RankGrid:
         if self.cuts is None:
             return
         for g, c in zip(self.dims, self.cuts, strict=True):
-            if len(c) != g + 1 or c[0] != 0.0 or c[-1] != 1.0 or any(b < a for a, b in zip(c, c[1:])):
+            if len(c) != g + 1 or c[0] != 0.0 or c[-1] != 1.0 or any(b < a for a, b in itertools.pairwise(c)):
                 raise InputError(
                     f"rank grid cuts {self.cuts} do not fit dims {self.dims}: each axis needs g + 1 "
                     "non-decreasing fractional positions from 0 to 1"

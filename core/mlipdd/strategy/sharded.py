@@ -21,6 +21,7 @@ reads of remote rows are routed to the owners by the dispatch
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -89,9 +90,6 @@ class ShardedStrategy(Strategy):
             check_together(check_rows_distinct, batch, group=self.group)
             self.state = shard_halo(halo, batch, self.rank, self.group)
 
-    def model_scope(self, meta: ShardMeta):
-        return self.halo.balance.timing()  # the force time balance="time" measures
-
     def model_batch(self, batch: Batch, spec) -> tuple[Batch, ShardMeta]:
         """Owned rows only; positions and atomic numbers as sharded ShardTensors."""
         state = self.state
@@ -116,10 +114,12 @@ class ShardedStrategy(Strategy):
         owned.n_owned = batch.num_atoms
         return owned, meta
 
+    @contextlib.contextmanager
     def model_scope(self, meta: ShardMeta):
         """Per-atom tensors the model creates from the atom count are owned rows too
-        (NOTE [row counts] in mlipdd.shard.owned_rows)."""
-        return owned_rows_scope(meta)
+        (NOTE [row counts] in mlipdd.shard.owned_rows); balance="time" times the call."""
+        with owned_rows_scope(meta), self.halo.balance.timing():
+            yield
 
     def consolidate(self, outputs: dict, meta: ShardMeta, spec, autograd_outputs) -> dict:
         """Per-atom outputs are owned rows already (gradients reached their owners in the

@@ -42,6 +42,7 @@ from mlipdd.data import InputError
 from mlipdd.strategy.grid import RankGrid
 
 BALANCE_MODES = ("count", "time")
+HISTORY_LENGTH = 1000  # rebuild records kept (a long run rebuilds 1e5 times)
 HISTOGRAM_BINS = 4096  # per axis; a cut lands within the bin by linear interpolation
 
 
@@ -63,7 +64,8 @@ class LoadBalance:
     """Per strategy: when and how to move the planes, the measured times, and the log.
 
     ``imbalance`` is max/mean owned atoms per rank at the latest rebuild (1.0: even);
-    ``history`` one record per rebuild: ``{"rebuild", "imbalance", "owned", "cuts"}``.
+    ``history`` one record per rebuild, the latest `HISTORY_LENGTH`:
+    ``{"rebuild", "imbalance", "owned", "cuts"}``.
     """
 
     mode: str | None = None
@@ -133,6 +135,7 @@ class LoadBalance:
         self.history.append(
             {"rebuild": rebuild, "imbalance": self.imbalance, "owned": [int(x) for x in owned], "cuts": cuts}
         )
+        del self.history[:-HISTORY_LENGTH]
 
     def _atom_weights(self, n_owned: int) -> torch.Tensor | None:
         """Each owned atom's share of its rank's force time per call (all_gather'd, so every

@@ -2,7 +2,9 @@
 
 One rebuild (when the Verlet skin is used up, or the cell changed):
 
-1. owned atoms that left their subdomain move to their new owner (`migrate`);
+1. owned atoms that left their subdomain move to their new owner (`migrate`); with
+   ``DomainConfig(balance=...)`` the cut planes may move first (`mlipdd.strategy.balance`),
+   and this same migration hands atoms to their owners under the new planes;
 2. each rank lists, for each of its owned atoms, every (image shift, rank) whose
    extended subdomain (the subdomain grown by cutoff + skin perpendicular to its
    faces) contains that image: this covers a rank's own images and shells wider than

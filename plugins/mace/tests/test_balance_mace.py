@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from mlipdd.strategy.grid import RankGrid
-from mlipdd.testing.conformance import check_conformance_cases
-from mlipdd.testing.systems import UNEVEN_CELLS
+from mlipdd.testing import UNEVEN_CELLS, check_conformance_cases
 from mlipdd_mace.testing import random_mace_wrapper
 
 pytest.importorskip("mace", reason="mace-torch is not installed (see plugins/mace/README.md)")

@@ -15,8 +15,6 @@ from mlipdd.strategy.grid import RankGrid
 from mlipdd.testing import UNEVEN_CELLS, check_conformance_cases
 from mlipdd_mace.testing import random_mace_wrapper
 
-pytest.importorskip("mace", reason="mace-torch is not installed (see plugins/mace/README.md)")
-
 SPECIES = (1, 6, 8)
 FACTORY = functools.partial(random_mace_wrapper, elements=SPECIES, r_max=4.0, dtype=torch.float64, seed=0)
 

@@ -6,6 +6,7 @@ process, with every hook scope, and restarts on another rank count.
 """
 
 import io
+import time
 
 import pytest
 import torch
@@ -219,3 +220,50 @@ def test_cli_balance_flag_reaches_the_ranks_and_reports_imbalance():
     assert summary["max_force_diff_eV_per_A"] < 1e-10 and summary["atoms_conserved"] is True
     assert summary["load_imbalance"] >= 1.0
     assert "owned max/mean" in done.stdout  # the thermo lines carry the column
+
+
+# ---- "time" follows the measured cost, not the count --------------------------------------
+def cold_crystal():
+    from mlipdd.lattices import lj_liquid
+
+    return lj_liquid(4, temperature=5.0, seed=1)
+
+
+class HeavyLeftLJ(LennardJones):
+    """LJ whose owned atoms of the left half (by id, from the start) cost extra CPU time:
+    a stand-in for an expensive region (a reaction site, a dense cluster)."""
+
+    def __init__(self, seconds_per_heavy_atom=1e-4):
+        super().__init__(epsilon=0.0104, sigma=3.4, cutoff=CUTOFF)
+        start = cold_crystal()
+        left = start.positions[:, 0] < 0.5 * float(start.cell[0, 0, 0])
+        self.register_buffer("heavy_ids", start.atom_ids[left])
+        self.cost = seconds_per_heavy_atom
+
+    def forward(self, batch, compute_stress=False):
+        owned = batch.atom_ids[: getattr(batch, "n_owned", batch.num_atoms)]
+        end = time.thread_time() + self.cost * int(torch.isin(owned, self.heavy_ids).sum())
+        while time.thread_time() < end:  # CPU work, as a costlier model would do
+            pass
+        return super().forward(batch, compute_stress)
+
+
+def _cost_balanced(rank, world_size, n_steps):
+    out = {}
+    for mode in ("count", "time"):
+        # skin 0: every step is a rebuild, so the planes are re-placed at every step
+        config = DomainConfig(cutoff=CUTOFF, skin=0.0, grid=(2, 1, 1), balance=mode, balance_every=1)
+        with DomainParallel(NVE(HeavyLeftLJ(), DT), config, n_steps) as dp:
+            dp.partition(cold_crystal() if rank == 0 else None)
+            dp.run()
+            out[mode] = {"cut": dp.strategy.grid.bounds(0)[1].item(), "owned": dp.batch.num_atoms}
+    return out
+
+
+def test_time_balance_gives_the_costly_region_fewer_atoms():
+    # heavy atoms cost ~4x a light one here: even cost puts the cut near 0.3 of the box
+    results = run_ranks(_cost_balanced, 2, 16, timeout=300)
+    count, timed = results[0]["count"], results[0]["time"]
+    assert abs(count["cut"] - 0.5) < 0.05, count
+    assert timed["cut"] < 0.42, timed
+    assert results[0]["time"]["owned"] < results[1]["time"]["owned"]

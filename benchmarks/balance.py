@@ -99,6 +99,16 @@ def _rank(rank, world_size, system, cells, mode, warmup, steps):
                 "etot": float(dyn.conserved_energy().sum())}
 
 
+def _work_summary(rows: list[dict]) -> str:
+    """One line: the range of 'work max/mean' per balance mode over all runs."""
+    parts = []
+    for mode in ("off", "count", "time"):
+        work = [r["work max/mean"] for r in rows if r["balance"] == mode]
+        owned = [r["owned max/mean"] for r in rows if r["balance"] == mode]
+        parts.append(f"{mode}: work max/mean {min(work):.2f}-{max(work):.2f}, owned {min(owned):.2f}-{max(owned):.2f}")
+    return "Over these runs, " + "; ".join(parts) + "."
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cells", type=int, default=10)
@@ -131,10 +141,8 @@ def main() -> None:
              f"--ranks {args.ranks}`. LJ argon, cutoff {CUTOFF} A, skin {SKIN} A, float64, one thread per "
              "rank, balance_every=1. The CPU is shared with other engineers' jobs (and 4 ranks run on "
              "fewer cores than ranks), so ms/step is noisy; 'owned' and 'work max/mean' (per-rank CPU time "
-             "of the timed steps, max/mean) are the robust columns. Uniform planes leave a rank empty "
-             "(slab) or with 2.5x the mean (droplet, 4 ranks); count brings owned atoms to ~1.0 and the "
-             "work to within 1-9 % of even; time gets the work within 1-15 % (its planes follow noisy "
-             "timings; damping 0.5).")
+             "of the timed steps, max/mean) are the robust columns (ms/step mostly measures the load).\n\n"
+             + _work_summary(rows))
     print(write_results("balance", "Load balancing: uniform vs count vs time cut planes (LJ, CPU)", rows,
                         columns, notes))
 

@@ -274,7 +274,9 @@ class HaloStrategy(Strategy):
             padded.n_owned = batch.num_atoms
             return padded, meta
         padded_positions = self.halo.padded_positions(positions, batch.cell, state)
-        wrap = lambda t: ShardTensor.wrap(t, meta)  # noqa: E731
+        def wrap(t):
+            return ShardTensor.wrap(t, meta)
+
         node = {
             "positions": wrap(padded_positions),
             "atomic_numbers": wrap(torch.cat([batch.atomic_numbers, state.ghost_numbers])),

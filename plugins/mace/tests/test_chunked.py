@@ -16,7 +16,8 @@ from mlipdd_mace.wrapper import MACEWrapper
 
 SPECIES = (1, 6, 8)
 # max_ell 3 / correlation 3 like the medium model, few channels to stay quick on a CPU
-ARCH = dict(elements=SPECIES, r_max=4.0, channels=8, max_ell=3, correlation=3, dtype=torch.float64, seed=0)
+ARCH = {"elements": SPECIES, "r_max": 4.0, "channels": 8, "max_ell": 3, "correlation": 3, "dtype": torch.float64,
+        "seed": 0}
 
 
 def _systems():

@@ -83,6 +83,14 @@ def conformance(args, mgr):
              triclinic(species=(1, 8), spacing=3.0, reps=6), StrategyKind.SHARDED),
             ("graph_building_gp", torch.float64, GraphBuildingMPNN, triclinic(reps=6), StrategyKind.GRAPH_PARTITION),
         ]
+    if args.chunk_atoms:  # chunked MACE on the ranks against the plain model on one GPU
+        cases = [
+            (f"mace_chunk{args.chunk_atoms}", dtype,
+             functools.partial(random_mace_wrapper, elements=(1, 6, 8), r_max=4.0, dtype=dtype, seed=0,
+                               chunk_atoms=args.chunk_atoms),
+             triclinic(species=(1, 6, 8), spacing=2.5, reps=8))
+            for dtype in (torch.float64, torch.float32)
+        ]
     for name, dtype, factory, system, *kind in cases:
         kind = kind[0] if kind else StrategyKind.HALO
         system = system.to(dtype=dtype)
@@ -92,7 +100,12 @@ def conformance(args, mgr):
         out = dm(owned, compute_stress=True)
         forces = gather_rows(owned.atom_ids, out["forces"])
         if mgr.rank == 0:  # the one-GPU answer, same device kind
-            ref = model(system.to(mgr.device), compute_stress=True)
+            reference = model
+            if getattr(model, "chunk_atoms", None):  # the plain (unchunked) model
+                from mlipdd_mace import MACEWrapper
+
+                reference = MACEWrapper(model.model)
+            ref = reference(system.to(mgr.device), compute_stress=True)
             rel = lambda a, b: float((a.cpu() - b.detach().cpu()).abs().max() / b.detach().abs().max())
             row = {"task": "conformance", "model": name, "dtype": str(dtype).split(".")[-1],
                    "atoms": system.num_atoms, "gpus": mgr.world_size,

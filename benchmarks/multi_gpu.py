@@ -208,13 +208,13 @@ def report(args):
             "## Scaling (random weights, float32, diamond Si; MACE medium and UMA-like eSCN-MD)", "",
             markdown_table(timed, ["tag", "model", "atoms", "gpus", "step_s", "atom_steps_per_s", "speedup", "efficiency",
                                    "peak_GiB_per_gpu", "rows_per_owned", "MB_sent_per_step", "status"]),
-            "rows_per_owned: (owned + ghost rows) / owned rows, max over ranks. MB_sent_per_step: bytes one "
+            ("rows_per_owned: (owned + ghost rows) / owned rows, max over ranks. MB_sent_per_step: bytes one "
             "rank sends through all_to_all in one energy + forces call (positions, each layer's halo "
             "correction and their adjoints), max over ranks. Before the ghost fix a 2x1x1 grid also mirrored "
             "the periodic images along the two uncut axes: (1 + 2*6.5/40.7) * (1 + 2*6.5/81.5)^2 = 1.77 "
             "(measured 1.72) instead of 1 + 2*6.5/40.7 = 1.32 (measured 1.30); skin 0 and 0.5 gave the same "
             "rows because diamond Si's (001) planes are 1.36 A apart, so the same five planes lie within "
-            "6.0 and 6.5 A of a face.", ""]
+            "6.0 and 6.5 A of a face."), ""]
     (HERE / "results" / "multi_gpu.md").write_text("\n".join(text) + "\n")
     print("\n".join(text))
     try:

@@ -6,10 +6,11 @@ read of another rank's row only on a ShardTensor. A model written the ordinary w
 starts its state with ``torch.zeros(n_atoms, F)``: a plain tensor the dispatch never
 sees, so ``state[sender]`` would index past its end. Two pieces make it owned rows:
 
-1. `RowCount`: the leading size of a sharded ShardTensor, read through ``.shape``,
-   ``.size()`` or ``len()`` (``batch.num_atoms`` included), is an ``int`` that
-   remembers the layout it counts (rule ``sharded_row_count``). Arithmetic on it
-   gives a plain int again, so only the count itself carries the layout.
+1. `RowCount`: the leading size of a sharded ShardTensor, read through ``.shape`` or
+   ``.size()`` (``batch.num_atoms`` included), is an ``int`` that remembers the layout
+   it counts (rule ``sharded_row_count``). Arithmetic on it gives a plain int again, so
+   only the count itself carries the layout (``len()`` and ``int()`` give plain ints:
+   Python converts their results).
 2. `owned_rows_scope`: while the sharded forward runs, a factory (``torch.zeros``,
    ``ones``, ``empty``, ``full``, ``rand``, ``randn``, ``Tensor.new_*``, and
    ``expand`` / ``broadcast_to`` of a plain tensor) whose leading size is a `RowCount`
@@ -65,7 +66,7 @@ class UninferredRowsError(IndexError):
 
 # ---- 1. counts that remember their layout ---------------------------------------------
 _SHAPE = torch.Tensor.shape.__get__
-_COUNTS = (_SHAPE, torch.Tensor.size, torch.Tensor.__len__)
+_COUNTS = (_SHAPE, torch.Tensor.size)
 
 
 def _counts_sharded_rows(func, meta, args, kwargs) -> bool:
@@ -222,7 +223,7 @@ def _message(exc: BaseException, scope: _Scope) -> str:
         f"read there has {meta.n_owned} rows and {origin}, so mlipdd cannot tell that it holds "
         "atom rows and route the read. Create it from an input so it is sharded like the "
         "inputs: torch.zeros_like(h) or positions.new_zeros(n, ...), or take its size as "
-        "n = batch.num_atoms / positions.shape[0] (not int(...) of it, which drops the row layout)"
+        "n = batch.num_atoms / positions.shape[0] (not int(...) or len(...), which drop the row layout)"
     )
 
 

@@ -51,6 +51,12 @@ def test_a_remote_read_of_an_uninferred_tensor_names_where_it_was_made(positions
     assert "state[torch.tensor([0, N_OWNED + 2])]" in message and "zeros_like" in message
 
 
+def test_a_scatter_into_remote_rows_of_an_uninferred_tensor_is_explained_too(positions):
+    with pytest.raises(UninferredRowsError, match="zeros_like"), owned_rows_scope(positions.meta):
+        state = torch.zeros(int(positions.shape[0]))
+        state.index_add(0, torch.tensor([N_OWNED + 1]), torch.ones(1))
+
+
 def test_other_errors_pass_through(positions):
     with pytest.raises(IndexError) as info, owned_rows_scope(positions.meta):
         torch.zeros(3)[7]

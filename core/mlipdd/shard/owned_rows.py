@@ -20,8 +20,8 @@ A leading size that merely equals the owned row count (a plain int: ``int(n)``, 
 count read from a plain tensor) is not trusted: it may be a feature width that
 matches on this rank only, and ranks guessing differently would issue different
 collectives. Such a tensor stays plain; its creation site is remembered, and a read
-of a remote row from it (an index past the owned rows) raises `UninferredRowsError`
-naming that site, the line of the read and the fix.
+of a remote row from it, or a scatter into one (an index past the owned rows), raises
+`UninferredRowsError` naming that site, the line of the read and the fix.
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def _is_row_index_error(exc: BaseException, meta: ShardMeta) -> bool:
 
 
 def _read_site(exc: BaseException) -> str:
-    """The model's line where the failing read happened (last frame outside torch/core)."""
+    """The model's line where the failing read or scatter happened (last frame outside torch/core)."""
     where = ""
     for frame, lineno in traceback.walk_tb(exc.__traceback__):
         name = frame.f_code.co_filename
@@ -220,8 +220,8 @@ def _message(exc: BaseException, scope: _Scope) -> str:
     return (
         f"{exc}{f' at {read}' if read else ''}: under sharded storage this rank holds its "
         f"{meta.n_owned} owned atoms, and rows past them belong to other ranks. The plain tensor "
-        f"read there has {meta.n_owned} rows and {origin}, so mlipdd cannot tell that it holds "
-        "atom rows and route the read. Create it from an input so it is sharded like the "
+        f"indexed there has {meta.n_owned} rows and {origin}, so mlipdd cannot tell that it holds "
+        "atom rows and route the read or scatter. Create it from an input so it is sharded like the "
         "inputs: torch.zeros_like(h) or positions.new_zeros(n, ...), or take its size as "
         "n = batch.num_atoms / positions.shape[0] (not int(...) or len(...), which drop the row layout)"
     )

@@ -193,10 +193,12 @@ def _uninstall() -> None:
         _SAVED.clear()
 
 
-def _is_row_index_error(exc: BaseException, meta: ShardMeta) -> bool:
+def _is_row_index_error(exc: BaseException, scope: _Scope) -> bool:
+    """An index past the owned rows: torch names the size (indexing, scatter_add, gather),
+    or, for index_select / index_add, does not, and then only a remembered site tells."""
     text = str(exc)
     return isinstance(exc, (IndexError, RuntimeError)) and not isinstance(exc, UninferredRowsError) and (
-        f"with size {meta.n_owned}" in text or "index out of range in self" in text
+        f"with size {scope.meta.n_owned}" in text or ("index out of range in self" in text and bool(scope.sites))
     )
 
 
@@ -237,7 +239,7 @@ def owned_rows_scope(meta: ShardMeta) -> Iterator[None]:
     try:
         yield
     except (IndexError, RuntimeError) as exc:
-        if _is_row_index_error(exc, meta):
+        if _is_row_index_error(exc, scope):
             raise UninferredRowsError(_message(exc, scope)) from exc
         raise
     finally:

@@ -98,3 +98,4 @@ def test_a_layout_that_cannot_be_inferred_is_explained_on_every_rank():
     for message in messages:
         assert "ordinary_models.py:" in message and "torch.zeros(n_atoms" in message, message
         assert "zeros_like" in message and "not int(...)" in message, message
+        assert "scalars[sender]" in message, message  # the line of the read

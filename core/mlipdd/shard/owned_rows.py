@@ -6,10 +6,11 @@ read of another rank's row only on a ShardTensor. A model written the ordinary w
 starts its state with ``torch.zeros(n_atoms, F)``: a plain tensor the dispatch never
 sees, so ``state[sender]`` would index past its end. Two pieces make it owned rows:
 
-1. `RowCount`: the leading size of a sharded ShardTensor, read through ``.shape``,
-   ``.size()`` or ``len()`` (``batch.num_atoms`` included), is an ``int`` that
-   remembers the layout it counts (rule ``sharded_row_count``). Arithmetic on it
-   gives a plain int again, so only the count itself carries the layout.
+1. `RowCount`: the leading size of a sharded ShardTensor, read through ``.shape`` or
+   ``.size()`` (``batch.num_atoms`` included), is an ``int`` that remembers the layout
+   it counts (rule ``sharded_row_count``). Arithmetic on it gives a plain int again, so
+   only the count itself carries the layout (``len()`` and ``int()`` give plain ints:
+   Python converts their results).
 2. `owned_rows_scope`: while the sharded forward runs, a factory (``torch.zeros``,
    ``ones``, ``empty``, ``full``, ``rand``, ``randn``, ``Tensor.new_*``, and
    ``expand`` / ``broadcast_to`` of a plain tensor) whose leading size is a `RowCount`
@@ -19,8 +20,8 @@ A leading size that merely equals the owned row count (a plain int: ``int(n)``, 
 count read from a plain tensor) is not trusted: it may be a feature width that
 matches on this rank only, and ranks guessing differently would issue different
 collectives. Such a tensor stays plain; its creation site is remembered, and a read
-of a remote row from it (an index past the owned rows) raises `UninferredRowsError`
-naming that site, the line of the read and the fix.
+of a remote row from it, or a scatter into one (an index past the owned rows), raises
+`UninferredRowsError` naming that site, the line of the read and the fix.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class UninferredRowsError(IndexError):
 
 # ---- 1. counts that remember their layout ---------------------------------------------
 _SHAPE = torch.Tensor.shape.__get__
-_COUNTS = (_SHAPE, torch.Tensor.size, torch.Tensor.__len__)
+_COUNTS = (_SHAPE, torch.Tensor.size)
 
 
 def _counts_sharded_rows(func, meta, args, kwargs) -> bool:
@@ -192,15 +193,17 @@ def _uninstall() -> None:
         _SAVED.clear()
 
 
-def _is_row_index_error(exc: BaseException, meta: ShardMeta) -> bool:
+def _is_row_index_error(exc: BaseException, scope: _Scope) -> bool:
+    """An index past the owned rows: torch names the size (indexing, scatter_add, gather),
+    or, for index_select / index_add, does not, and then only a remembered site tells."""
     text = str(exc)
     return isinstance(exc, (IndexError, RuntimeError)) and not isinstance(exc, UninferredRowsError) and (
-        f"with size {meta.n_owned}" in text or "index out of range in self" in text
+        f"with size {scope.meta.n_owned}" in text or ("index out of range in self" in text and bool(scope.sites))
     )
 
 
 def _read_site(exc: BaseException) -> str:
-    """The model's line where the failing read happened (last frame outside torch/core)."""
+    """The model's line where the failing read or scatter happened (last frame outside torch/core)."""
     where = ""
     for frame, lineno in traceback.walk_tb(exc.__traceback__):
         name = frame.f_code.co_filename
@@ -219,10 +222,10 @@ def _message(exc: BaseException, scope: _Scope) -> str:
     return (
         f"{exc}{f' at {read}' if read else ''}: under sharded storage this rank holds its "
         f"{meta.n_owned} owned atoms, and rows past them belong to other ranks. The plain tensor "
-        f"read there has {meta.n_owned} rows and {origin}, so mlipdd cannot tell that it holds "
-        "atom rows and route the read. Create it from an input so it is sharded like the "
+        f"indexed there has {meta.n_owned} rows and {origin}, so mlipdd cannot tell that it holds "
+        "atom rows and route the read or scatter. Create it from an input so it is sharded like the "
         "inputs: torch.zeros_like(h) or positions.new_zeros(n, ...), or take its size as "
-        "n = batch.num_atoms / positions.shape[0] (not int(...) of it, which drops the row layout)"
+        "n = batch.num_atoms / positions.shape[0] (not int(...) or len(...), which drop the row layout)"
     )
 
 
@@ -236,7 +239,7 @@ def owned_rows_scope(meta: ShardMeta) -> Iterator[None]:
     try:
         yield
     except (IndexError, RuntimeError) as exc:
-        if _is_row_index_error(exc, meta):
+        if _is_row_index_error(exc, scope):
             raise UninferredRowsError(_message(exc, scope)) from exc
         raise
     finally:

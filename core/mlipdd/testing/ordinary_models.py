@@ -1,14 +1,15 @@
 """Two message-passing potentials written the ordinary single-process way.
 
 Conformance models for sharded storage (and any strategy): per-atom state starts as
-``torch.zeros(n_atoms, ...)`` (``n_atoms = batch.num_atoms``), is filled in place,
+``torch.zeros(n_atoms, ...)`` (``n_atoms = batch.num_atoms``; also ``torch.empty``,
+``torch.full`` and ``new_zeros`` of a parameter), is filled in place,
 read by sender index (``state[sender]``) and accumulated with in-place ``index_add_``
 (rebound, ``x = x.index_add_(...)``). Nothing in them knows about ranks.
 
 * `VectorMPNN`: scalar and vector (l=1) features per atom; messages carry the edge
   direction, and the energy reads the squared norms of the vector features, so it is
   rotation invariant and its forces are not a sum of pair terms.
-* `ChargeMPNN`: charges ``q = torch.zeros(n_atoms)`` that every layer reads by sender
+* `ChargeMPNN`: charges ``q = torch.full((n_atoms,), 0.0)`` that every layer reads by sender
   and re-equilibrates under a per-system total charge (two per-system sums per layer,
   a Lagrange multiplier per system read back per atom), plus a damped Coulomb-like
   pair energy.
@@ -82,7 +83,7 @@ class VectorMPNN(_OrdinaryMPNN):
         n_atoms = int(batch.num_atoms) if self.int_sizes else batch.num_atoms
         scalars = torch.zeros(n_atoms, self.features, dtype=positions.dtype, device=positions.device)
         scalars[:] = self.embed[self._species(batch.atomic_numbers)]
-        vectors = torch.zeros(n_atoms, self.features, 3, dtype=positions.dtype, device=positions.device)
+        vectors = self.embed.new_zeros((n_atoms, self.features, 3))
         for scalar_radial, vector_radial, update, mix in zip(
             self.scalar_radial, self.vector_radial, self.update, self.mix
         ):
@@ -93,8 +94,8 @@ class VectorMPNN(_OrdinaryMPNN):
                 + (basis @ vector_radial).unsqueeze(2) * v_j
             d_scalars = torch.zeros(n_atoms, self.features, dtype=positions.dtype, device=positions.device)
             d_scalars = d_scalars.index_add_(0, receiver, scalar_messages)
-            d_vectors = torch.zeros(n_atoms, self.features, 3, dtype=positions.dtype, device=positions.device)
-            d_vectors = d_vectors.index_add_(0, receiver, vector_messages)
+            d_vectors = torch.empty(n_atoms, self.features, 3, dtype=positions.dtype, device=positions.device)
+            d_vectors = d_vectors.fill_(0.0).index_add_(0, receiver, vector_messages)
             scalars = scalars + torch.tanh(d_scalars @ update) + torch.tanh((d_vectors * d_vectors).sum(2) @ mix)
             vectors = vectors + d_vectors
         return scalars @ self.readout
@@ -119,7 +120,7 @@ class ChargeMPNN(_OrdinaryMPNN):
         like = {"dtype": positions.dtype, "device": positions.device}
         total_charge = batch.charge.reshape(-1) if batch.charge is not None else torch.zeros(n_systems, **like)
         features = self.embed[self._species(batch.atomic_numbers)]
-        charges = torch.zeros(n_atoms, **like)
+        charges = torch.full((n_atoms,), 0.0, **like)
         for radial, update, coupling in zip(self.radial, self.update, self.charge_coupling):
             messages = (basis @ radial) * features[sender] * (1.0 + charges[sender].unsqueeze(1) * coupling)
             aggregated = torch.zeros(n_atoms, self.features, **like)
@@ -134,6 +135,6 @@ class ChargeMPNN(_OrdinaryMPNN):
             charges = (lam[batch.batch] - chi) / hardness
         safe_d = torch.where(envelope > 0, d, torch.ones_like(d))
         pair = torch.erf(safe_d / self.damping) / safe_d * envelope
-        coulomb = torch.zeros(n_atoms, **like)
+        coulomb = self.readout.new_zeros(n_atoms)
         coulomb = coulomb.index_add_(0, receiver, 0.5 * self.coulomb_scale * charges[receiver] * charges[sender] * pair)
         return features @ self.readout + chi * charges + 0.5 * hardness * charges**2 + coulomb

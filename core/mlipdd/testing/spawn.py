@@ -90,6 +90,23 @@ def _load(payload: bytes):
 def run_ranks(fn: Callable[..., Any], world_size: int, *args, timeout: float = 300.0,
               backend: str = "gloo", threads: int = 1, **kwargs) -> list[Any]:
     """``fn(rank, world_size, *args, **kwargs)`` on each rank; returns results by rank."""
+    # NOTE [port race]: `free_port` hands the port back before rank 0 binds it, so on a
+    # busy machine another process can take it first. That failure happens before any
+    # rank ran `fn` (rank 0 could not host the store), so launching again on a fresh
+    # port is safe.
+    for attempt in range(3):
+        try:
+            return _launch(fn, world_size, args, kwargs, timeout, backend, threads)
+        except RankFailure as failure:
+            if attempt == 2 or not any(_PORT_TAKEN in m.lower() for m in failure.failures.values()):
+                raise
+    raise AssertionError("unreachable")
+
+
+_PORT_TAKEN = "address already in use"
+
+
+def _launch(fn, world_size, args, kwargs, timeout, backend, threads) -> list[Any]:
     ctx = _context()
     results = ctx.Queue()
     port = free_port()

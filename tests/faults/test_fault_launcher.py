@@ -73,6 +73,17 @@ def test_stop_signal_to_the_launcher_stops_every_rank_cleanly(tmp_path, sig):
     assert f"{signal.Signals(sig).name} received" in stderr_of(tmp_path)
 
 
+def test_stop_signal_during_start_up_is_a_stop_not_a_failure(tmp_path):
+    """L1: SIGTERM before the ranks can stop cleanly (still importing, joining): they end
+    by the forwarded SIGTERM, which the launcher asked for; exit 143, no rank blamed."""
+    launcher = start_run(tmp_path, "--nproc", "2", *SMALL_RUN, *LONG)
+    ranks = rank_pids(launcher, 2)
+    os.kill(launcher.pid, signal.SIGTERM)
+    assert finish(launcher, timeout=60) == 128 + signal.SIGTERM
+    wait_gone(ranks, timeout=5)
+    assert "was killed" not in stderr_of(tmp_path) and "exited with" not in stderr_of(tmp_path)
+
+
 def test_ranks_die_with_a_killed_launcher_and_still_write_their_files(tmp_path):
     """L2: SIGKILL cannot be caught by the launcher; the ranks get the parent-death signal."""
     launcher, ranks = _running(tmp_path)
@@ -124,3 +135,24 @@ def test_one_default_collective_timeout():
     assert RunConfig().collective_timeout == DEFAULT_COLLECTIVE_TIMEOUT_S == 300.0
     default = inspect.signature(DistributedManager).parameters["timeout_s"].default
     assert default == DEFAULT_COLLECTIVE_TIMEOUT_S
+
+
+def test_sigterm_stops_a_one_process_run_cleanly(tmp_path):
+    """L1 without --nproc: the same clean stop, checkpoint and exit code."""
+    run = start_run(
+        tmp_path,
+        *SMALL_RUN,
+        *LONG,
+        "--trajectory",
+        "md.extxyz",
+        "--trajectory-every",
+        "2",
+        "--checkpoint",
+        "state.pt",
+        "--checkpoint-every",
+        "1000000",
+    )
+    wait_for_file(tmp_path / "md.extxyz", run)
+    os.kill(run.pid, signal.SIGTERM)
+    assert finish(run, timeout=60) == 128 + signal.SIGTERM
+    _check_clean_stop(tmp_path)

@@ -32,7 +32,7 @@ import torch
 
 from mlipdd.data import InputError
 
-# a rank follows its launcher (dies with it) before anything slow is imported
+# a rank follows its launcher (dies with it) before the run's own imports and set-up
 _CHILD = (
     "import sys; from mlipdd.distributed.supervise import follow_launcher; follow_launcher(); "
     "from mlipdd.cli import main; sys.exit(main(sys.argv[1:]))"

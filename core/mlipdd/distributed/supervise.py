@@ -84,6 +84,7 @@ class Supervisor:
         self._failed_at: float | None = None
         self._terminated_at: float | None = None
         self._ends = 0
+        self._failed_before_stop = False
 
     # signals -----------------------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:
@@ -91,6 +92,7 @@ class Supervisor:
             self._send(signal.SIGKILL)
             return
         self.stop_signal, self._stop_at = signum, time.monotonic()
+        self._failed_before_stop = self._failed_at is not None
         self._say(
             f"{signal.Signals(signum).name} received: stopping every rank after its current step"
         )
@@ -132,7 +134,12 @@ class Supervisor:
         return all(r.code is not None for r in self.ranks)
 
     def _is_failure(self, r: _Rank) -> bool:
-        return r.code != 0 and not (_is_stop_code(r.code) and not r.terminated_by_launcher)
+        if r.code == 0 or (_is_stop_code(r.code) and not r.terminated_by_launcher):
+            return False
+        # asked to stop by a signal to the launcher: a rank still starting up (no handler
+        # yet) ends by that SIGTERM, one past the stop grace by SIGKILL; both as asked
+        asked = self.stop_signal is not None and not self._failed_before_stop
+        return not (asked and r.code in (-signal.SIGTERM, -signal.SIGKILL))
 
     def _escalate(self, now: float) -> None:
         if self._terminated_at is None:

@@ -1,6 +1,4 @@
-"""mlipdd plugin: Ewald and particle-mesh-Ewald long-range electrostatics as an mlipdd model component.
-
-Skeleton package; its content lands in its own issue.
-"""
+"""mlipdd plugin: Ewald, particle-mesh Ewald and damped-shifted-force electrostatics as
+mlipdd model wrappers (charges from the batch or from an upstream charge model)."""
 
 __version__ = "0.1.0"

@@ -1,0 +1,81 @@
+"""Charged test systems and the torch-pme reference used by the tests and benchmarks."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mlipdd import AtomicData, Batch
+
+SKEW = torch.tensor([[1.0, 0.0, 0.0], [0.12, 1.0, 0.0], [-0.08, 0.15, 1.0]], dtype=torch.float64)
+
+
+def rock_salt(reps=(2, 2, 2), lattice=5.64, rattle=0.1, vacancies=0, skew=True, seed=0,
+              extra_charge=0.0) -> Batch:
+    """Na+/Cl- rock salt, ``reps`` conventional cells, rattled, some vacancies, a tilted cell.
+
+    Vacancies are removed in cation/anion pairs (the cell stays neutral); ``extra_charge``
+    is added evenly to every atom (a charged cell, for the background term).
+    """
+    g = torch.Generator().manual_seed(seed)
+    base = torch.tensor([[0, 0, 0], [0.5, 0.5, 0], [0.5, 0, 0.5], [0, 0.5, 0.5]], dtype=torch.float64)
+    grid = torch.stack(torch.meshgrid(*[torch.arange(n) for n in reps], indexing="ij"), -1).reshape(-1, 1, 3)
+    cations = (grid + base).reshape(-1, 3)
+    anions = cations + torch.tensor([0.5, 0.0, 0.0], dtype=torch.float64)
+    frac = torch.cat([cations, anions]) / torch.tensor(reps, dtype=torch.float64)
+    z = torch.cat([torch.full((len(cations),), 11), torch.full((len(anions),), 17)])
+    q = torch.cat([torch.ones(len(cations)), -torch.ones(len(anions))]).double()
+    if vacancies:
+        drop = torch.cat([torch.randperm(len(cations), generator=g)[:vacancies],
+                          len(cations) + torch.randperm(len(anions), generator=g)[:vacancies]])
+        keep = torch.ones(len(z), dtype=torch.bool)
+        keep[drop] = False
+        frac, z, q = frac[keep], z[keep], q[keep]
+    cell = torch.diag(torch.tensor(reps, dtype=torch.float64) * lattice)
+    if skew:
+        cell = SKEW @ cell
+    positions = frac @ cell + rattle * torch.randn(frac.shape, generator=g, dtype=torch.float64)
+    data = AtomicData(positions=positions, atomic_numbers=z, cell=cell, pbc=True, dtype=torch.float64)
+    batch = Batch.from_data_list([data])
+    batch.add_node_property("charges", q + extra_charge / len(q))
+    return batch
+
+
+def random_charges(batch: Batch, seed=0, neutral=True) -> Batch:
+    """Give ``batch`` random charges in [-1, 1] (neutral per system if asked)."""
+    g = torch.Generator().manual_seed(seed)
+    q = 2 * torch.rand(batch.num_atoms, generator=g, dtype=batch.dtype) - 1
+    if neutral:
+        for s in range(batch.num_systems):
+            mask = batch.batch == s
+            q[mask] -= q[mask].mean()
+    batch.add_node_property("charges", q)
+    return batch
+
+
+def torchpme_reference(batch: Batch, alpha: float, cutoff: float, method="ewald", k_cutoff=None,
+                       mesh_spacing=None, interpolation_nodes=4):
+    """Energy, forces, stress of one system from torch-pme (the outside oracle)."""
+    import torchpme
+    from torchpme.prefactors import eV_A
+    from vesin.torch import NeighborList
+
+    positions = batch.positions.detach().clone().requires_grad_(True)
+    cell = batch.cell[0].detach().clone()
+    strain = torch.zeros(3, 3, dtype=cell.dtype, requires_grad=True)
+    deform = torch.eye(3, dtype=cell.dtype) + 0.5 * (strain + strain.T)
+    pos, box = positions @ deform, cell @ deform
+    pairs, shifts = NeighborList(cutoff=cutoff, full_list=False).compute(
+        points=pos.detach(), box=box.detach(), periodic=True, quantities="PS")
+    distances = (pos[pairs[:, 1]] + shifts.to(pos.dtype) @ box - pos[pairs[:, 0]]).norm(dim=1)
+    smearing = 1.0 / (math.sqrt(2.0) * alpha)
+    potential = torchpme.CoulombPotential(smearing=smearing).to(cell.dtype)
+    if method == "ewald":
+        calc = torchpme.EwaldCalculator(potential, lr_wavelength=2 * math.pi / k_cutoff)
+    else:
+        calc = torchpme.PMECalculator(potential, mesh_spacing=mesh_spacing, interpolation_nodes=interpolation_nodes)
+    q = batch.charges.detach().unsqueeze(1)
+    energy = eV_A * (q * calc(q, box, pos, pairs, distances)).sum()
+    grad_pos, grad_strain = torch.autograd.grad(energy, [positions, strain])
+    return {"energy": energy.detach(), "forces": -grad_pos, "stress": grad_strain / cell.det().abs()}

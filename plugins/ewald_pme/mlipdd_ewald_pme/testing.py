@@ -59,7 +59,7 @@ def torchpme_reference(batch: Batch, alpha: float, cutoff: float, method="ewald"
     """Energy, forces, stress of one system from torch-pme (the outside oracle)."""
     import torchpme
     from torchpme.prefactors import eV_A
-    from vesin.torch import NeighborList
+    from vesin_torch import NeighborList
 
     positions = batch.positions.detach().clone().requires_grad_(True)
     cell = batch.cell[0].detach().clone()
@@ -79,3 +79,51 @@ def torchpme_reference(batch: Batch, alpha: float, cutoff: float, method="ewald"
     energy = eV_A * (q * calc(q, box, pos, pairs, distances)).sum()
     grad_pos, grad_strain = torch.autograd.grad(energy, [positions, strain])
     return {"energy": energy.detach(), "forces": -grad_pos, "stress": grad_strain / cell.det().abs()}
+
+
+# ---- domain decomposition: many cases per spawned launch -------------------------------
+
+
+def distributed_cases(rank, world_size, cases):
+    """Spawned-rank worker: each ``(factory, batch, compute_stress)`` through `DistributedModel`.
+
+    One launch per rank count covers every case (spawning ranks is the slow part).
+    Returns per case the owned atom ids, energy, forces, stress and this rank's edge count.
+    """
+    from mlipdd.distributed import DistributedModel, DomainConfig
+
+    results = []
+    for factory, batch, compute_stress in cases:
+        model = factory()
+        dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff))
+        owned = dm.partition(batch if rank == 0 else None)
+        out = dm(owned, compute_stress=compute_stress)
+        results.append({
+            "atom_ids": owned.atom_ids, "energy": out["energy"].detach(), "forces": out["forces"].detach(),
+            "stress": out["stress"].detach() if compute_stress else None,
+            "edges": dm.last_padded.neighbors.num_edges,
+        })
+    return results
+
+
+def compare_distributed(cases, parts_by_rank, references):
+    """Max relative differences per case and output: ranks (gathered by atom id) vs one process."""
+    report = []
+    for index, ((_, batch, compute_stress), reference) in enumerate(zip(cases, references)):
+        parts = [rank_results[index] for rank_results in parts_by_rank]
+        forces = torch.full_like(reference["forces"], float("nan"))
+        for part in parts:
+            forces[part["atom_ids"]] = part["forces"]
+        diffs = {
+            "energy": _relative(parts[0]["energy"], reference["energy"]),
+            "forces": _relative(forces, reference["forces"]),
+            "edges": max(p["edges"] for p in parts),
+        }
+        if compute_stress:
+            diffs["stress"] = _relative(parts[0]["stress"], reference["stress"])
+        report.append(diffs)
+    return report
+
+
+def _relative(a, b) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))

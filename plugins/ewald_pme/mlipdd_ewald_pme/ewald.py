@@ -70,7 +70,10 @@ def reciprocal_energies(batch: Batch, positions, cell, charges, alpha: float, k_
 def background_energies(batch: Batch, cell, charges, alpha: float) -> torch.Tensor:
     """Neutralising background of a charged cell, ``-pi Q^2 / (2 V alpha^2)``, shared as
     ``q_i Q`` per atom (sums to the system's term; zero for neutral cells)."""
-    total = per_system_sum(charges, batch)
+    total = per_system_sum(charges, batch)  # replicated under DD
     volume = torch.linalg.det(cell).abs()
-    per_system = -COULOMB_EV_ANGSTROM * math.pi / (2 * alpha**2) * total / volume
-    return charges * per_system[batch.batch]
+    # NOTE [read per atom first]: index both per-system values per atom BEFORE combining
+    # them. ``total / volume`` would be a replicated value, and its gradient (summed over
+    # ranks where it meets atom rows) would reach the cell once per rank: the stress
+    # would be counted world_size times. Per atom, each rank differentiates its share.
+    return -COULOMB_EV_ANGSTROM * math.pi / (2 * alpha**2) * charges * total[batch.batch] / volume[batch.batch]

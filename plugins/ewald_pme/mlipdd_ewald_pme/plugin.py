@@ -28,10 +28,27 @@ def make_dsf(**options):
     return DSFWrapper(**options)
 
 
+NACL_CHARGES = {"Na": 1.0, "Cl": -1.0}
+
+
+def make_molten_salt(cutoff: float = 7.0, accuracy: float = 1e-6, **pme_options):
+    """Born-Mayer (Tosi-Fumi NaCl) + PME with formal charges Na +1, Cl -1."""
+    from mlipdd.models import PipelineModelWrapper
+
+    from mlipdd_ewald_pme.born_mayer import BornMayerWrapper
+    from mlipdd_ewald_pme.wrappers import PMEWrapper
+
+    pme_options.setdefault("element_charges", NACL_CHARGES)
+    return PipelineModelWrapper([BornMayerWrapper(cutoff=cutoff),
+                                 PMEWrapper(cutoff=cutoff, accuracy=accuracy, **pme_options)])
+
+
 @hookimpl
 def mlipdd_register_models(register: RegisterModel) -> None:
     register("ewald", make_ewald, description="Ewald summation of per-atom charges (cutoff=, accuracy=, alpha=)")
     register("pme", make_pme, description="particle-mesh Ewald (cutoff=, accuracy=, mesh_spacing=, spline_order=)")
+    register("molten_salt", make_molten_salt,
+             description="NaCl melt: Born-Mayer (Tosi-Fumi) + PME, charges Na +1 / Cl -1 (cutoff=, accuracy=)")
     register("dsf", make_dsf, description="damped shifted force Coulomb, periodic or open (cutoff=, alpha=)")
 
 

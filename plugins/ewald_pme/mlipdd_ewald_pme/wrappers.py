@@ -2,7 +2,8 @@
 
 Each is an energy model (``atomic_energies``): the core sums the per-atom energies,
 differentiates for forces and, through the strain, for stress. Charges are the batch's
-node property ``charges`` (one per atom, in e), or come from an upstream charge model
+node property ``charges`` (one per atom, in e), else fixed charges per element
+(``element_charges={"Na": 1, "Cl": -1}``), or come from an upstream charge model
 (see `ChargeCoupled`). Splitting parameters follow from ``cutoff`` and ``accuracy``:
 ``alpha = sqrt(-ln accuracy) / cutoff`` and ``k_cutoff = 2 alpha sqrt(-ln accuracy)``, so
 the real-space and reciprocal-space truncation errors are both about ``accuracy``.
@@ -24,9 +25,30 @@ from mlipdd_ewald_pme.spec import SPEC_DSF_HALO, SPEC_EWALD_HALO, SPEC_PME_HALO
 CHARGES = "charges"
 
 
-def batch_charges(batch: Batch, model_name: str) -> torch.Tensor:
-    """The node property ``charges``, or an error that says how to provide it."""
+def element_charge_table(element_charges: dict | None) -> torch.Tensor | None:
+    """``{"Na": 1, "Cl": -1}`` (symbols or atomic numbers) -> a (119,) lookup, NaN = unset."""
+    if not element_charges:
+        return None
+    from ase.data import atomic_numbers
+
+    table = torch.full((119,), float("nan"), dtype=torch.float64)
+    for key, value in element_charges.items():
+        z = atomic_numbers[key] if isinstance(key, str) and not key.isdigit() else int(key)
+        table[z] = float(value)
+    return table
+
+
+def batch_charges(batch: Batch, model_name: str, by_element: torch.Tensor | None = None) -> torch.Tensor:
+    """The node property ``charges`` (else charges by element, if given), or an error that
+    says how to provide them."""
     charges = batch.node.get(CHARGES)
+    if charges is None and by_element is not None:
+        charges = by_element.to(batch.positions.device, batch.positions.dtype)[batch.atomic_numbers]
+        if bool(torch.isnan(charges).any()):
+            missing = sorted(set(batch.atomic_numbers[torch.isnan(charges)].tolist()))
+            raise InputError(f"{model_name}: element_charges has no charge for atomic numbers {missing}; "
+                             "add them, or give the batch a 'charges' node property")
+        return charges
     if charges is None:
         raise InputError(
             f"{model_name} needs per-atom charges and the batch has none; add them with "
@@ -65,8 +87,9 @@ class _Electrostatics(ModelWrapper):
 
     spec = SPEC_EWALD_HALO
 
-    def __init__(self, cutoff: float, accuracy: float, alpha: float | None):
+    def __init__(self, cutoff: float, accuracy: float, alpha: float | None, element_charges: dict | None):
         super().__init__()
+        self.by_element = element_charge_table(element_charges)
         self.alpha, self.k_cutoff = _splitting(float(cutoff), float(accuracy), alpha)
         self.accuracy = float(accuracy)
         self.model_config = ModelConfig(NeighborConfig(float(cutoff)))
@@ -75,7 +98,7 @@ class _Electrostatics(ModelWrapper):
         return self.spec
 
     def charges(self, batch: Batch) -> torch.Tensor:
-        return batch_charges(batch, type(self).__name__)
+        return batch_charges(batch, type(self).__name__, self.by_element)
 
     def atomic_energies(self, batch: Batch, positions, cell, charges=None) -> torch.Tensor:
         _require_periodic(batch, type(self).__name__)
@@ -96,8 +119,9 @@ class EwaldWrapper(_Electrostatics):
 
     spec = SPEC_EWALD_HALO
 
-    def __init__(self, cutoff: float = 10.0, accuracy: float = 1e-6, alpha: float | None = None):
-        super().__init__(cutoff, accuracy, alpha)
+    def __init__(self, cutoff: float = 10.0, accuracy: float = 1e-6, alpha: float | None = None,
+                 element_charges: dict | None = None):
+        super().__init__(cutoff, accuracy, alpha, element_charges)
 
     def reciprocal(self, batch, positions, cell, charges):
         miller = ewald.miller_indices(batch.cell, self.k_cutoff)
@@ -114,8 +138,8 @@ class PMEWrapper(_Electrostatics):
     spec = SPEC_PME_HALO
 
     def __init__(self, cutoff: float = 10.0, accuracy: float = 1e-6, alpha: float | None = None,
-                 mesh_spacing: float | None = None, spline_order: int = 6):
-        super().__init__(cutoff, accuracy, alpha)
+                 mesh_spacing: float | None = None, spline_order: int = 6, element_charges: dict | None = None):
+        super().__init__(cutoff, accuracy, alpha, element_charges)
         if spline_order not in range(3, 7):
             raise InputError(f"spline_order must be 3..6 (the Warp kernels' range), got {spline_order}")
         self.mesh_spacing = mesh_spacing
@@ -132,8 +156,9 @@ class PMEWrapper(_Electrostatics):
 class DSFWrapper(ModelWrapper):
     """Damped shifted force Coulomb: pairwise, for periodic and open systems alike."""
 
-    def __init__(self, cutoff: float = 10.0, alpha: float = 0.2):
+    def __init__(self, cutoff: float = 10.0, alpha: float = 0.2, element_charges: dict | None = None):
         super().__init__()
+        self.by_element = element_charge_table(element_charges)
         self.alpha = float(alpha)
         self.model_config = ModelConfig(NeighborConfig(float(cutoff)))
 
@@ -141,7 +166,7 @@ class DSFWrapper(ModelWrapper):
         return SPEC_DSF_HALO
 
     def charges(self, batch: Batch) -> torch.Tensor:
-        return batch_charges(batch, type(self).__name__)
+        return batch_charges(batch, type(self).__name__, self.by_element)
 
     def atomic_energies(self, batch: Batch, positions, cell, charges=None) -> torch.Tensor:
         q = self.charges(batch) if charges is None else charges

@@ -90,12 +90,14 @@ def distributed_cases(rank, world_size, cases):
     One launch per rank count covers every case (spawning ranks is the slow part).
     Returns per case the owned atom ids, energy, forces, stress and this rank's edge count.
     """
-    from mlipdd.distributed import DistributedModel, DomainConfig
+    from mlipdd.distributed import DistributedModel, DistributedPipelineModel, DomainConfig
+    from mlipdd.models import PipelineModelWrapper
 
     results = []
     for factory, batch, compute_stress in cases:
         model = factory()
-        dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff))
+        runner = DistributedPipelineModel if isinstance(model, PipelineModelWrapper) else DistributedModel
+        dm = runner(model, DomainConfig(cutoff=model.cutoff))
         owned = dm.partition(batch if rank == 0 else None)
         out = dm(owned, compute_stress=compute_stress)
         results.append({
@@ -127,3 +129,32 @@ def compare_distributed(cases, parts_by_rank, references):
 
 def _relative(a, b) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
+
+
+# ---- pipelines (module level: spawned ranks rebuild them by name) ----------------------
+
+
+def mace_block(seed=0):
+    from mlipdd_mace.testing import random_mace_wrapper
+
+    return random_mace_wrapper(elements=(11, 17), r_max=4.0, dtype=torch.float64, seed=seed)
+
+
+def mace_pme_pipeline():
+    from mlipdd.models import PipelineModelWrapper
+
+    from mlipdd_ewald_pme.wrappers import PMEWrapper
+
+    return PipelineModelWrapper([mace_block(), PMEWrapper(cutoff=6.0, accuracy=1e-6)])
+
+
+def qeq_pme_pipeline():
+    """A charge-equilibration model whose charges feed PME, next to MACE."""
+    from mlipdd.models import PipelineModelWrapper
+    from mlipdd.testing.qeq_model import QEqModel
+
+    from mlipdd_ewald_pme.coupled import ChargeCoupled
+    from mlipdd_ewald_pme.wrappers import PMEWrapper
+
+    qeq = QEqModel(cutoff=4.0, species=(11, 17), seed=1)
+    return PipelineModelWrapper([mace_block(), ChargeCoupled(qeq, PMEWrapper(cutoff=6.0, accuracy=1e-6))])

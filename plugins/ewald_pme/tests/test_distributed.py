@@ -1,7 +1,8 @@
 """Domain decomposition: Ewald, PME and DSF on 2, 3 and 4 spawned gloo ranks equal one
 process (float64, relative 1e-10): a small tilted charged cell whose ranks see their own
 images, a batch of two different triclinic cells with random non-neutral charges, a slab
-with vacuum (DSF), and a 2000-atom rattled rock salt with vacancies (PME). One spawned
+with vacuum (DSF), and a 2000-atom rattled rock salt with vacancies (PME). Pipelines run
+under DistributedPipelineModel: [MACE, PME] and [MACE, QEq charges -> PME]. One spawned
 launch per rank count runs every case.
 """
 
@@ -15,7 +16,14 @@ import torch
 from mlipdd.testing.spawn import run_ranks
 from mlipdd.testing.systems import slab, two_systems
 
-from mlipdd_ewald_pme.testing import compare_distributed, distributed_cases, random_charges, rock_salt
+from mlipdd_ewald_pme.testing import (
+    compare_distributed,
+    distributed_cases,
+    mace_pme_pipeline,
+    qeq_pme_pipeline,
+    random_charges,
+    rock_salt,
+)
 from mlipdd_ewald_pme.wrappers import DSFWrapper, EwaldWrapper, PMEWrapper
 
 WORLD_SIZES = tuple(int(n) for n in os.environ.get("MLIPDD_CONFORMANCE_RANKS", "2,3,4").split(","))
@@ -33,6 +41,7 @@ def _cases():
     return [
         (EWALD, small, True), (PME, small, True), (DSF, small, True),
         (EWALD, pair, True), (PME, pair, True), (DSF, vacuum, True),
+        (mace_pme_pipeline, small, True), (qeq_pme_pipeline, small, True),
         (PME, large, True), (DSF, large, False),
     ]
 
@@ -52,7 +61,8 @@ def test_distributed_equals_single_process(single_process, world_size):
     parts = run_ranks(distributed_cases, world_size, cases, timeout=600)
     report = compare_distributed(cases, parts, references)
     for (factory, batch, _), diffs in zip(cases, report):
-        name = f"{factory.func.__name__} on {batch.num_atoms} atoms"
+        label = getattr(factory, "func", factory).__name__
+        name = f"{label} on {batch.num_atoms} atoms"
         for key in ("energy", "forces", "stress"):
             if key in diffs:
                 assert diffs[key] <= 1e-10, f"{world_size} ranks, {name}: {key} differs by {diffs[key]:.2e}"

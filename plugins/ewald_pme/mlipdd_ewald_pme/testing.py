@@ -158,3 +158,17 @@ def qeq_pme_pipeline():
 
     qeq = QEqModel(cutoff=4.0, species=(11, 17), seed=1)
     return PipelineModelWrapper([mace_block(), ChargeCoupled(qeq, PMEWrapper(cutoff=6.0, accuracy=1e-6))])
+
+
+def distributed_error(rank, world_size, factory, batch):
+    """Spawned-rank worker: the error message this rank raises for ``batch`` (None if none)."""
+    from mlipdd.distributed import DistributedModel, DomainConfig
+
+    model = factory()
+    try:
+        dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff))
+        owned = dm.partition(batch if rank == 0 else None)
+        dm(owned)
+    except Exception as error:  # noqa: BLE001 - the test inspects whatever reached this rank
+        return f"{type(error).__name__}: {error}"
+    return None

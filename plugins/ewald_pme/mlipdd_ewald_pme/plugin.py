@@ -43,12 +43,19 @@ def make_molten_salt(cutoff: float = 7.0, accuracy: float = 1e-6, **pme_options)
                                  PMEWrapper(cutoff=cutoff, accuracy=accuracy, **pme_options)])
 
 
+def make_d3(**options):
+    from mlipdd_ewald_pme.d3 import D3Wrapper
+
+    return D3Wrapper(**options)
+
+
 @hookimpl
 def mlipdd_register_models(register: RegisterModel) -> None:
     register("ewald", make_ewald, description="Ewald summation of per-atom charges (cutoff=, accuracy=, alpha=)")
     register("pme", make_pme, description="particle-mesh Ewald (cutoff=, accuracy=, mesh_spacing=, spline_order=)")
     register("molten_salt", make_molten_salt,
              description="NaCl melt: Born-Mayer (Tosi-Fumi) + PME, charges Na +1 / Cl -1 (cutoff=, accuracy=)")
+    register("d3", make_d3, description="DFT-D3(BJ) two-body dispersion, Grimme reference C6 (cutoff=, params=)")
     register("dsf", make_dsf, description="damped shifted force Coulomb, periodic or open (cutoff=, alpha=)")
 
 

@@ -40,7 +40,11 @@ SPEC_PME_HALO = SPEC_MPNN_HALO.replace(
 )
 """Particle-mesh Ewald: halo real space; owned charges spread, mesh all-reduced."""
 
+SPEC_DFTD3_HALO = SPEC_MPNN_HALO.replace(name="dftd3_halo")
+"""DFT-D3(BJ): coordination numbers are halo-corrected scatters, the pair sum is halo work."""
+
 PRESETS = {
+    "SPEC_DFTD3_HALO": SPEC_DFTD3_HALO,
     "SPEC_EWALD_HALO": SPEC_EWALD_HALO,
     "SPEC_PME_HALO": SPEC_PME_HALO,
     "SPEC_DSF_HALO": SPEC_DSF_HALO,

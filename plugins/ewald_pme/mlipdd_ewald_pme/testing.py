@@ -172,3 +172,20 @@ def distributed_error(rank, world_size, factory, batch):
     except Exception as error:  # noqa: BLE001 - the test inspects whatever reached this rank
         return f"{type(error).__name__}: {error}"
     return None
+
+
+def mace_d3_pipeline():
+    from mlipdd.models import PipelineModelWrapper
+
+    from mlipdd_ewald_pme.d3 import D3Wrapper
+
+    return PipelineModelWrapper([mace_block(), D3Wrapper(cutoff=6.0)])
+
+
+def mace_pme_d3_pipeline():
+    from mlipdd.models import PipelineModelWrapper
+
+    from mlipdd_ewald_pme.d3 import D3Wrapper
+    from mlipdd_ewald_pme.wrappers import PMEWrapper
+
+    return PipelineModelWrapper([mace_block(), PMEWrapper(cutoff=6.0, accuracy=1e-6), D3Wrapper(cutoff=5.0)])

@@ -2,7 +2,8 @@
 process (float64, relative 1e-10): a small tilted charged cell whose ranks see their own
 images, a batch of two different triclinic cells with random non-neutral charges, a slab
 with vacuum (DSF), and a 2000-atom rattled rock salt with vacancies (PME). Pipelines run
-under DistributedPipelineModel: [MACE, PME] and [MACE, QEq charges -> PME]. One spawned
+under DistributedPipelineModel: [MACE, PME], [MACE, QEq charges -> PME], [MACE, D3] and
+[MACE, PME, D3]. One spawned
 launch per rank count runs every case.
 """
 
@@ -19,6 +20,8 @@ from mlipdd.testing.systems import slab, two_systems
 from mlipdd_ewald_pme.testing import (
     compare_distributed,
     distributed_cases,
+    mace_d3_pipeline,
+    mace_pme_d3_pipeline,
     mace_pme_pipeline,
     qeq_pme_pipeline,
     random_charges,
@@ -42,6 +45,7 @@ def _cases():
         (EWALD, small, True), (PME, small, True), (DSF, small, True),
         (EWALD, pair, True), (PME, pair, True), (DSF, vacuum, True),
         (mace_pme_pipeline, small, True), (qeq_pme_pipeline, small, True),
+        (mace_d3_pipeline, pair, True), (mace_pme_d3_pipeline, small, True),
         (PME, large, True), (DSF, large, False),
     ]
 

@@ -19,7 +19,7 @@ from mlipdd import Batch
 from mlipdd.data import InputError
 from mlipdd.models import ModelConfig, ModelWrapper, NeighborConfig
 
-from mlipdd_ewald_pme import coulomb, ewald, pme
+from mlipdd_ewald_pme import coulomb, ewald
 from mlipdd_ewald_pme.spec import SPEC_DSF_HALO, SPEC_EWALD_HALO, SPEC_PME_HALO
 
 CHARGES = "charges"
@@ -140,15 +140,22 @@ class PMEWrapper(_Electrostatics):
     def __init__(self, cutoff: float = 10.0, accuracy: float = 1e-6, alpha: float | None = None,
                  mesh_spacing: float | None = None, spline_order: int = 6, element_charges: dict | None = None):
         super().__init__(cutoff, accuracy, alpha, element_charges)
+        # registers the ops SPEC_PME_HALO names (a DD forward resolves them before running)
+        from mlipdd_ewald_pme import pme  # noqa: F401
+
         if spline_order not in range(3, 7):
             raise InputError(f"spline_order must be 3..6 (the Warp kernels' range), got {spline_order}")
         self.mesh_spacing = mesh_spacing
         self.spline_order = int(spline_order)
 
     def mesh_dimensions(self, cell: torch.Tensor) -> list[tuple[int, int, int]]:
+        from mlipdd_ewald_pme import pme
+
         return [pme.mesh_dimensions(c, self.k_cutoff, self.spline_order, self.mesh_spacing) for c in cell]
 
     def reciprocal(self, batch, positions, cell, charges):
+        from mlipdd_ewald_pme import pme  # Warp, through nvalchemiops: only where PME is used
+
         dims = self.mesh_dimensions(batch.cell)
         return pme.reciprocal_energies(batch, positions, cell, charges, self.alpha, self.spline_order, dims)
 

@@ -38,7 +38,6 @@ class ChargeCoupled(ModelWrapper):
         self.model_config = ModelConfig(
             NeighborConfig(max(c.cutoff for c in configs)),
             outputs=frozenset({"energy", "forces", "stress", "charges"}),
-            needs_system_charge=any(c.needs_system_charge for c in configs),
         )
         self._charges: torch.Tensor | None = None
 

@@ -22,7 +22,7 @@ _EXPORTS = {
     "SPEC_EWALD_HALO": "spec",
     "SPEC_PME_HALO": "spec",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605 - the lazily exported names
 
 
 def __getattr__(name):

@@ -9,7 +9,6 @@ neighbour list: halo work under domain decomposition.
 from __future__ import annotations
 
 import torch
-
 from mlipdd import Batch
 from mlipdd.data import InputError
 from mlipdd.models import ModelConfig, ModelWrapper, NeighborConfig

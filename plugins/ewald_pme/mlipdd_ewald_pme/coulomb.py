@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 
 import torch
-
 from mlipdd import Batch
 
 COULOMB_EV_ANGSTROM = 14.399645478425667  # e^2 / (4 pi eps0), eV * Angstrom (CODATA 2018)

@@ -17,7 +17,6 @@ per-system sums is: the dispatch all-reduces the sums).
 from __future__ import annotations
 
 import torch
-
 from mlipdd import Batch
 from mlipdd.data import InputError
 from mlipdd.models import ModelConfig, ModelWrapper, NeighborConfig, energy_forces_stress

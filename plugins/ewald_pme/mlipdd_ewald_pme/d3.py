@@ -18,7 +18,6 @@ Units: Angstrom and eV outside; Bohr and Hartree inside, as the reference tables
 from __future__ import annotations
 
 import torch
-
 from mlipdd import Batch
 from mlipdd.data import InputError
 from mlipdd.models import ModelConfig, ModelWrapper, NeighborConfig

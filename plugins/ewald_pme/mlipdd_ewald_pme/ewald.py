@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 
 import torch
-
 from mlipdd import Batch
 from mlipdd.models import per_system_sum
 

@@ -18,11 +18,10 @@ from __future__ import annotations
 import math
 
 import torch
-from nvalchemiops.torch import spline as _nv_spline  # registers nvalchemiops::spline_* ops
-from nvalchemiops.torch.interactions.electrostatics.pme import compute_bspline_moduli_1d
-
 from mlipdd import Batch
 from mlipdd.data import InputError
+from nvalchemiops.torch import spline as _nv_spline  # registers nvalchemiops::spline_* ops
+from nvalchemiops.torch.interactions.electrostatics.pme import compute_bspline_moduli_1d
 
 from mlipdd_ewald_pme.coulomb import COULOMB_EV_ANGSTROM
 from mlipdd_ewald_pme.ewald import plane_spacings

@@ -16,7 +16,14 @@ The ops are named by string, so building a spec imports neither Warp nor nvalche
 
 from __future__ import annotations
 
-from mlipdd.spec import SPEC_MPNN_HALO, AllReduceSum, DistributionSpec, HaloStoragePolicy, OpAdapter, SliceOwned
+from mlipdd.spec import (
+    SPEC_MPNN_HALO,
+    AllReduceSum,
+    DistributionSpec,
+    HaloStoragePolicy,
+    OpAdapter,
+    SliceOwned,
+)
 
 SPREAD_ADAPTER = OpAdapter(
     "nvalchemiops::spline_spread",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import torch
-
 from mlipdd import AtomicData, Batch
 
 SKEW = torch.tensor([[1.0, 0.0, 0.0], [0.12, 1.0, 0.0], [-0.08, 0.15, 1.0]], dtype=torch.float64)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 
 import torch
-
 from mlipdd import Batch
 from mlipdd.data import InputError
 from mlipdd.models import ModelConfig, ModelWrapper, NeighborConfig

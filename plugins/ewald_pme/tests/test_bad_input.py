@@ -8,7 +8,6 @@ import pytest
 import torch
 from mlipdd.data import InputError
 from mlipdd.testing.spawn import run_ranks
-
 from mlipdd_ewald_pme.testing import distributed_error, rock_salt
 from mlipdd_ewald_pme.wrappers import DSFWrapper, EwaldWrapper, PMEWrapper
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 from mlipdd import AtomicData, Batch
-
 from mlipdd_ewald_pme.d3 import BOHR, HARTREE, PBE_BJ, D3Wrapper
 
 d3 = pytest.importorskip("tad_dftd3", reason="tad-dftd3 is the D3 oracle (requirements/ewald-pme.txt)")

@@ -13,10 +13,8 @@ import functools
 import os
 
 import pytest
-import torch
 from mlipdd.testing.spawn import run_ranks
 from mlipdd.testing.systems import slab, two_systems
-
 from mlipdd_ewald_pme.testing import (
     compare_distributed,
     distributed_cases,
@@ -74,5 +72,5 @@ def test_distributed_equals_single_process(single_process, world_size):
     from mlipdd.neighbors import build_neighbor_list
 
     large_index = len(cases) - 1
-    total_edges = int((build_neighbor_list(cases[large_index][1], 7.0).edge_index.shape[1]))
+    total_edges = int(build_neighbor_list(cases[large_index][1], 7.0).edge_index.shape[1])
     assert report[large_index]["edges"] < 0.75 * total_edges, (report[large_index]["edges"], total_edges)

@@ -7,9 +7,10 @@ approach Ewald as the mesh is refined, and match torch-pme's PME to mesh accurac
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
-
 from mlipdd_ewald_pme.coulomb import COULOMB_EV_ANGSTROM
 from mlipdd_ewald_pme.testing import rock_salt, torchpme_reference
 from mlipdd_ewald_pme.wrappers import DSFWrapper, EwaldWrapper, PMEWrapper
@@ -42,7 +43,7 @@ def test_pme_converges_to_ewald_and_matches_torchpme():
         out = PMEWrapper(cutoff=CUTOFF, accuracy=1e-8, mesh_spacing=spacing)(batch, compute_stress=True)
         errors.append([_rel(out[k], ewald[k]) for k in ("energy", "forces", "stress")])
     assert errors[-1][0] < 1e-8 and errors[-1][1] < 1e-5 and errors[-1][2] < 1e-7, errors
-    assert all(a[1] > b[1] for a, b in zip(errors, errors[1:])), f"no mesh convergence: {errors}"
+    assert all(a[1] > b[1] for a, b in itertools.pairwise(errors)), f"no mesh convergence: {errors}"
     model = PMEWrapper(cutoff=CUTOFF, accuracy=1e-8, mesh_spacing=0.3)
     ref = torchpme_reference(batch, model.alpha, CUTOFF, "pme", mesh_spacing=0.2, interpolation_nodes=6)
     out = model(batch, compute_stress=True)

@@ -103,8 +103,8 @@ def main():
             "run": name, "atoms": one["atoms"], "steps": args.steps,
             "s/step": run["wall"] / args.steps,
             "drift meV/atom/ps": drift_per_atom_ps(e, one["atoms"], args.steps),
-            "max |E-E0| meV/atom": max(abs(x - e[0]) for x in e) * 1000.0 / one["atoms"],
-            "max |x - x_1proc| A": diff if name == "2 ranks" else 0.0,
+            "max dE from start meV/atom": max(abs(x - e[0]) for x in e) * 1000.0 / one["atoms"],
+            "max dx vs 1 process A": diff if name == "2 ranks" else 0.0,
         })
     notes = (f"2 ranks: grid {two['grid']}, {two['rebuilds']} halo rebuilds; atoms moved up to {moved:.2f} A. "
              "Drift = least-squares slope of total energy. Position difference by atom id, unwrapped.")

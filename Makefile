@@ -41,9 +41,10 @@ $(INSTALL_STAMP): $(PY) pyproject.toml $(wildcard requirements/*.txt) $(addsuffi
 	$(if $(PLUGINS_WITHOUT_PYPROJECT),@echo "skipping $(PLUGINS_WITHOUT_PYPROJECT): no pyproject.toml yet")
 	$(PIP) install -r requirements/torch.txt
 	# One resolver pass: core (editable, test extra), MACE's real dependencies with the
-	# e3nn override, fairchem-core and aimnet with their dependencies.
+	# e3nn override, fairchem-core and aimnet with their dependencies, the ewald_pme upstreams.
 	$(PIP) install -r requirements/torch.txt -r requirements/mace-upstream.txt \
-		-r requirements/uma-upstream.txt -r requirements/aimnet2-upstream.txt -e '.[test]'
+		-r requirements/uma-upstream.txt -r requirements/aimnet2-upstream.txt \
+		-r requirements/ewald-pme-upstream.txt -e '.[test]'
 	# The plugins (editable) without a second resolver pass: mlipdd-mace declares
 	# mace-torch, whose e3nn==0.4.4 pin is the override above; every plugin's upstream
 	# is already in place from the requirements files.

@@ -18,6 +18,7 @@ ARGON_LATTICE = 5.26  # A, FCC argon near 0 K
 # liquid argon near its boiling point (87 K .. 94 K): ~1.37 g/cm^3 -> atoms per A^3
 ARGON_LIQUID_DENSITY = 0.0207
 SILICON_LATTICE = 5.431  # A, diamond silicon
+MOLTEN_NACL_LATTICE = 6.30  # A, rock salt (5.64 A at 2.17 g/cm^3) expanded to the melt's 1.55 g/cm^3
 
 
 def _repeats(size, n_atoms, atoms_per_cell: int, default: int) -> tuple[int, int, int]:
@@ -100,7 +101,28 @@ def silicon_diamond(
     return _finish(atoms, temperature, seed, dtype, device)
 
 
+def molten_salt(
+    size: int | Sequence[int] | None = None,
+    *,
+    n_atoms: int | None = None,
+    a: float = MOLTEN_NACL_LATTICE,
+    temperature: float | None = None,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    device=None,
+) -> Batch:
+    """NaCl at the density of the melt (~1.55 g/cm^3 near 1100 K), started as an expanded
+    rock-salt lattice (8 ions per cubic cell, default 5^3 cells = 1000 ions). Carries no
+    charges: an electrostatics model assigns them (e.g. by element)."""
+    from ase.build import bulk
+
+    reps = _repeats(size, n_atoms, 8, default=5)
+    atoms = bulk("NaCl", "rocksalt", a=float(a), cubic=True).repeat(reps)
+    return _finish(atoms, temperature, seed, dtype, device)
+
+
 SYSTEMS: dict[str, Callable[..., Batch]] = {
+    "molten_salt": molten_salt,
     "fcc_argon": fcc_argon,
     "argon": fcc_argon,
     "lj_liquid": lj_liquid,

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from mlipdd.comm import OnGroup, any_rank, check_together, compute_on_rank0, scatter_objects
-from mlipdd.data import Batch, InputError, fractional
+from mlipdd.data import NODE_FIELDS, Batch, InputError, fractional
 from mlipdd.neighbors import NeighborList, build_neighbor_list
 from mlipdd.shard import ShardMeta, ShardTensor, halo_accumulate
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows, pad
@@ -269,6 +269,7 @@ class HaloStrategy(Strategy):
             # dispatch cost at all.
             node = {"positions": positions, "atomic_numbers": batch.atomic_numbers, "batch": batch.batch,
                     "atom_ids": batch.atom_ids}
+            node.update(model_inputs(batch))
             padded = Batch._from_dicts(node, dict(batch.system))
             padded.neighbors = state.neighbors
             padded.n_owned = batch.num_atoms
@@ -283,6 +284,7 @@ class HaloStrategy(Strategy):
             "batch": torch.cat([batch.batch, state.ghost_system]),
             "atom_ids": torch.cat([batch.atom_ids, state.ghost_ids]),
         }
+        node.update({name: wrap(pad(value, state.plan)) for name, value in model_inputs(batch).items()})
         padded = Batch._from_dicts(node, dict(batch.system))
         padded.neighbors = state.neighbors
         padded.n_owned = batch.num_atoms  # for diagnostics; models must not need it
@@ -300,6 +302,17 @@ class HaloStrategy(Strategy):
             return value[: meta.n_owned]
 
         return consolidate_outputs(outputs, spec, self.group, per_atom)
+
+
+def model_inputs(batch: Batch) -> dict[str, torch.Tensor]:
+    """Extra per-atom float inputs of the model (partial charges, spins, ...).
+
+    A model reads them at the other end of an edge, so they get ghost rows like the
+    positions. State that integrators own (velocities, forces, masses) and integer
+    bookkeeping (periodic image counts) never enter the model.
+    """
+    return {name: value for name, value in batch.node.items()
+            if name not in NODE_FIELDS and torch.is_tensor(value) and value.is_floating_point()}
 
 
 def local_neighbors(padded: torch.Tensor, batch: Batch, state: HaloState, cutoff: float,

@@ -1,0 +1,180 @@
+"""Model wrappers: `EwaldWrapper`, `PMEWrapper`, `DSFWrapper`.
+
+Each is an energy model (``atomic_energies``): the core sums the per-atom energies,
+differentiates for forces and, through the strain, for stress. Charges are the batch's
+node property ``charges`` (one per atom, in e), else fixed charges per element
+(``element_charges={"Na": 1, "Cl": -1}``), or come from an upstream charge model
+(see `ChargeCoupled`). Splitting parameters follow from ``cutoff`` and ``accuracy``:
+``alpha = sqrt(-ln accuracy) / cutoff`` and ``k_cutoff = 2 alpha sqrt(-ln accuracy)``, so
+the real-space and reciprocal-space truncation errors are both about ``accuracy``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from mlipdd import Batch
+from mlipdd.data import InputError
+from mlipdd.models import ModelConfig, ModelWrapper, NeighborConfig
+
+from mlipdd_ewald_pme import coulomb, ewald
+from mlipdd_ewald_pme.spec import SPEC_DSF_HALO, SPEC_EWALD_HALO, SPEC_PME_HALO
+
+CHARGES = "charges"
+
+
+def element_charge_table(element_charges: dict | None) -> torch.Tensor | None:
+    """``{"Na": 1, "Cl": -1}`` (symbols or atomic numbers) -> a (119,) lookup, NaN = unset."""
+    if not element_charges:
+        return None
+    from ase.data import atomic_numbers
+
+    table = torch.full((119,), float("nan"), dtype=torch.float64)
+    for key, value in element_charges.items():
+        z = atomic_numbers[key] if isinstance(key, str) and not key.isdigit() else int(key)
+        table[z] = float(value)
+    return table
+
+
+def batch_charges(batch: Batch, model_name: str, by_element: torch.Tensor | None = None) -> torch.Tensor:
+    """The node property ``charges`` (else charges by element, if given), or an error that
+    says how to provide them."""
+    charges = batch.node.get(CHARGES)
+    if charges is None and by_element is not None:
+        charges = by_element.to(batch.positions.device, batch.positions.dtype)[batch.atomic_numbers]
+        if bool(torch.isnan(charges).any()):
+            missing = sorted(set(batch.atomic_numbers[torch.isnan(charges)].tolist()))
+            raise InputError(f"{model_name}: element_charges has no charge for atomic numbers {missing}; "
+                             "add them, or give the batch a 'charges' node property")
+        return charges
+    if charges is None:
+        raise InputError(
+            f"{model_name} needs per-atom charges and the batch has none; add them with "
+            "batch.add_node_property('charges', q) (one value per atom, in e), or feed them from "
+            "a charge model with ChargeCoupled(charge_model, electrostatics)"
+        )
+    if charges.dim() != 1 or not charges.is_floating_point():
+        raise InputError(
+            f"{model_name}: node property 'charges' must be a 1-D float tensor (one charge per "
+            f"atom), got shape {tuple(charges.shape)} and dtype {charges.dtype}"
+        )
+    return charges
+
+
+def _require_periodic(batch: Batch, model_name: str) -> None:
+    pbc = batch.pbc
+    if pbc is not None and not bool(pbc.all()):
+        raise InputError(
+            f"{model_name} sums over periodic images in all three directions, but the batch is not "
+            f"periodic along every axis (pbc={pbc.tolist()}); use DSFWrapper for open or slab "
+            "systems (no reciprocal space), or make the cell periodic (a slab correction is not "
+            "implemented here)"
+        )
+
+
+def _splitting(cutoff: float, accuracy: float, alpha: float | None) -> tuple[float, float]:
+    if not 0.0 < accuracy < 1.0:
+        raise InputError(f"accuracy must lie in (0, 1), got {accuracy}; 1e-6 is a common choice")
+    log = math.sqrt(-math.log(accuracy))
+    alpha = float(alpha) if alpha is not None else log / cutoff
+    return alpha, 2 * alpha * log
+
+
+class _Electrostatics(ModelWrapper):
+    """Shared: charges lookup and the real-space + self + background terms."""
+
+    spec = SPEC_EWALD_HALO
+
+    def __init__(self, cutoff: float, accuracy: float, alpha: float | None, element_charges: dict | None):
+        super().__init__()
+        self.by_element = element_charge_table(element_charges)
+        self.alpha, self.k_cutoff = _splitting(float(cutoff), float(accuracy), alpha)
+        self.accuracy = float(accuracy)
+        self.model_config = ModelConfig(NeighborConfig(float(cutoff)))
+
+    def distribution_spec(self, strategy=None):
+        return self.spec
+
+    def charges(self, batch: Batch) -> torch.Tensor:
+        return batch_charges(batch, type(self).__name__, self.by_element)
+
+    def atomic_energies(self, batch: Batch, positions, cell, charges=None) -> torch.Tensor:
+        _require_periodic(batch, type(self).__name__)
+        q = self.charges(batch) if charges is None else charges
+        return (
+            coulomb.ewald_real_space(batch, positions, cell, q, self.alpha, self.cutoff)
+            + coulomb.ewald_self_energy(q, self.alpha)
+            + ewald.background_energies(batch, cell, q, self.alpha)
+            + self.reciprocal(batch, positions, cell, q)
+        )
+
+    def reciprocal(self, batch, positions, cell, charges):
+        raise NotImplementedError
+
+
+class EwaldWrapper(_Electrostatics):
+    """Ewald summation: erfc real space over the neighbour list + explicit k-space sum."""
+
+    spec = SPEC_EWALD_HALO
+
+    def __init__(self, cutoff: float = 10.0, accuracy: float = 1e-6, alpha: float | None = None,
+                 element_charges: dict | None = None):
+        super().__init__(cutoff, accuracy, alpha, element_charges)
+
+    def reciprocal(self, batch, positions, cell, charges):
+        miller = ewald.miller_indices(batch.cell, self.k_cutoff)
+        return ewald.reciprocal_energies(batch, positions, cell, charges, self.alpha, self.k_cutoff, miller)
+
+
+class PMEWrapper(_Electrostatics):
+    """Smooth particle-mesh Ewald: erfc real space + B-spline mesh reciprocal space.
+
+    ``mesh_spacing=None`` sizes the mesh from the accuracy; a given spacing too coarse
+    for the accuracy is refused.
+    """
+
+    spec = SPEC_PME_HALO
+
+    def __init__(self, cutoff: float = 10.0, accuracy: float = 1e-6, alpha: float | None = None,
+                 mesh_spacing: float | None = None, spline_order: int = 6, element_charges: dict | None = None):
+        super().__init__(cutoff, accuracy, alpha, element_charges)
+        # registers the ops SPEC_PME_HALO names (a DD forward resolves them before running)
+        from mlipdd_ewald_pme import pme  # noqa: F401
+
+        if spline_order not in range(3, 7):
+            raise InputError(f"spline_order must be 3..6 (the Warp kernels' range), got {spline_order}")
+        self.mesh_spacing = mesh_spacing
+        self.spline_order = int(spline_order)
+
+    def mesh_dimensions(self, cell: torch.Tensor) -> list[tuple[int, int, int]]:
+        from mlipdd_ewald_pme import pme
+
+        return [pme.mesh_dimensions(c, self.k_cutoff, self.spline_order, self.mesh_spacing) for c in cell]
+
+    def reciprocal(self, batch, positions, cell, charges):
+        from mlipdd_ewald_pme import pme  # Warp, through nvalchemiops: only where PME is used
+
+        dims = self.mesh_dimensions(batch.cell)
+        return pme.reciprocal_energies(batch, positions, cell, charges, self.alpha, self.spline_order, dims)
+
+
+class DSFWrapper(ModelWrapper):
+    """Damped shifted force Coulomb: pairwise, for periodic and open systems alike."""
+
+    def __init__(self, cutoff: float = 10.0, alpha: float = 0.2, element_charges: dict | None = None):
+        super().__init__()
+        self.by_element = element_charge_table(element_charges)
+        self.alpha = float(alpha)
+        self.model_config = ModelConfig(NeighborConfig(float(cutoff)))
+
+    def distribution_spec(self, strategy=None):
+        return SPEC_DSF_HALO
+
+    def charges(self, batch: Batch) -> torch.Tensor:
+        return batch_charges(batch, type(self).__name__, self.by_element)
+
+    def atomic_energies(self, batch: Batch, positions, cell, charges=None) -> torch.Tensor:
+        q = self.charges(batch) if charges is None else charges
+        return (coulomb.dsf_pair_energy(batch, positions, cell, q, self.alpha, self.cutoff)
+                + coulomb.dsf_self_energy(q, self.alpha, self.cutoff))

@@ -1,12 +1,14 @@
 # mlipdd developer entry points.  `make demo` runs the built-in default; `make test`
 # runs every test (core + all plugins) in one environment; .ci/run calls `make test`.
+# `make dist` builds the wheels a user installs with
+#   pip install --find-links dist -c requirements/torch.txt 'mlipdd[mace,uma]'
 #
 # ONE environment for all plugins, with one documented override:
 #   mace-torch 0.3.16 pins e3nn==0.4.4, fairchem-core 2.24.0 (UMA) needs e3nn>=0.5,
-#   so pip cannot install both as declared. MACE runs correctly on e3nn 0.6.0, so we
-#   install mace-torch's real runtime dependencies with e3nn==0.6.0
-#   (requirements/mace-upstream.txt) and then mace-torch itself with --no-deps
-#   (requirements/mace-nodeps.txt). `pip check` reports that e3nn mismatch; expected.
+#   so pip cannot install both as declared (and pip has no override option). MACE runs
+#   correctly on e3nn 0.6.0, so tools/build_dist.py rewrites mace-torch's wheel with
+#   that one pin moved to e3nn==0.6.0, as version 0.3.16+e3nn060 (code unchanged);
+#   pip picks it from --find-links by itself.
 # torch is pinned to 2.13.0 (what fairchem-core pins) and installed first: on our
 # machines pip takes its CPU build from local disk, an unpinned torch pulls GBs of CUDA.
 
@@ -26,8 +28,11 @@ PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml
 PLUGINS_WITHOUT_PYPROJECT := $(filter-out $(PLUGIN_DIRS),$(patsubst %/,%,$(wildcard plugins/*/)))
 PLUGIN_TEST_DIRS := $(wildcard $(addsuffix /tests,$(PLUGIN_DIRS)))
 INSTALL_STAMP := $(VENV)/.mlipdd-install-stamp
+# mace-torch with the e3nn override (see above), for the editable install
+UPSTREAM_WHEELS := build/upstream-wheels
+DIST ?= dist
 
-.PHONY: venv install demo test lint clean distclean
+.PHONY: venv install demo test lint dist clean distclean
 
 venv: $(PY)
 
@@ -37,20 +42,15 @@ $(PY):
 install: $(INSTALL_STAMP)
 
 # Re-run the install only when a dependency declaration changed.
-$(INSTALL_STAMP): $(PY) pyproject.toml $(wildcard requirements/*.txt) $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
+$(INSTALL_STAMP): $(PY) pyproject.toml $(wildcard requirements/*.txt) $(addsuffix /pyproject.toml,$(PLUGIN_DIRS)) tools/build_dist.py
 	$(if $(PLUGINS_WITHOUT_PYPROJECT),@echo "skipping $(PLUGINS_WITHOUT_PYPROJECT): no pyproject.toml yet")
 	$(PIP) install -r requirements/torch.txt
-	# One resolver pass: core (editable, test extra), MACE's real dependencies with the
-	# e3nn override, fairchem-core and aimnet with their dependencies, the ewald_pme upstreams.
-	$(PIP) install -r requirements/torch.txt -r requirements/mace-upstream.txt \
-		-r requirements/uma-upstream.txt -r requirements/aimnet2-upstream.txt \
-		-r requirements/ewald-pme-upstream.txt -e '.[test]'
-	# The plugins (editable) without a second resolver pass: mlipdd-mace declares
-	# mace-torch, whose e3nn==0.4.4 pin is the override above; every plugin's upstream
-	# is already in place from the requirements files.
-	$(PIP) install --no-deps $(addprefix -e ,$(PLUGIN_DIRS))
-	# mace-torch itself, without its e3nn==0.4.4 pin (see the top of this file).
-	$(PIP) install --no-deps -r requirements/mace-nodeps.txt
+	$(PY) tools/build_dist.py --upstream-only $(UPSTREAM_WHEELS)
+	# One resolver pass: core (editable, test extra) and every plugin (editable) with the
+	# upstreams they declare (mace-torch from $(UPSTREAM_WHEELS), fairchem-core, aimnet,
+	# ...), plus the ewald_pme test oracles (requirements/ewald-pme-upstream.txt).
+	$(PIP) install --find-links $(UPSTREAM_WHEELS) -c requirements/torch.txt \
+		-r requirements/ewald-pme-upstream.txt -e '.[test]' $(addprefix -e ,$(PLUGIN_DIRS))
 	# Guard the override: both upstreams import side by side, e3nn is 0.6.0.
 	$(PY) -c "import e3nn, mace.modules; \
 		from fairchem.core.models.uma.escn_md import eSCNMDBackbone; \
@@ -62,6 +62,10 @@ demo: install
 
 test: install
 	$(PY) -m pytest tests $(PLUGIN_TEST_DIRS) --mlipdd-world-sizes=$(WORLD_SIZES)
+
+# Wheels of the core, every plugin and the e3nn-0.6 mace-torch; see the README's Install.
+dist: venv
+	$(PY) tools/build_dist.py $(DIST)
 
 # Lint needs only ruff, not the full install.
 lint: venv

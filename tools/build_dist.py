@@ -14,7 +14,8 @@ that environment). The local version label ``+e3nn060`` still satisfies ``mace-t
 (PEP 440 ignores local labels in a public specifier) and sorts above the PyPI release, so
 pip picks it from ``--find-links dist`` by itself, and ``pip list`` shows the override.
 
-    python tools/build_dist.py [DIST]
+    python tools/build_dist.py [DIST]                   # make dist
+    python tools/build_dist.py --upstream-only DIR     # make install: the mace-torch wheel only
 """
 
 from __future__ import annotations
@@ -78,11 +79,14 @@ def rebuild_mace_wheel(source: Path, dist: Path) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    dist = Path(argv[0] if argv else ROOT / "dist").resolve()
+    upstream_only = "--upstream-only" in argv
+    paths = [a for a in argv if a != "--upstream-only"]
+    dist = Path(paths[0] if paths else ROOT / "dist").resolve()
     dist.mkdir(parents=True, exist_ok=True)
     for old in dist.glob("*.whl"):
         old.unlink()
-    build_project_wheels(dist)
+    if not upstream_only:
+        build_project_wheels(dist)
     with tempfile.TemporaryDirectory() as tmp:
         pip("download", "--no-deps", "--quiet", "-d", tmp, f"mace-torch=={MACE_VERSION}")
         (source,) = Path(tmp).glob("mace_torch-*.whl")

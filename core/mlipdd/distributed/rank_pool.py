@@ -1,5 +1,6 @@
-"""Persistent ranks for one calculator: N processes that form a process group once and then
-evaluate one full system per request, domain-decomposed.
+"""Persistent ranks behind a single-process driver (the ASE calculator, the torch-sim
+model): N processes form a process group once, then evaluate one full system per request,
+domain-decomposed. `ModelEvaluator` picks this process (``nproc=1``) or a `RankPool`.
 
 The parent (the user's ASE script) is not a rank: it holds the full system and talks to
 each rank over its own pipe. Per request every rank receives the command, rank 0 also the
@@ -43,7 +44,7 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _build(model_or_factory):
+def build_model_object(model_or_factory):
     from torch import nn
 
     if isinstance(model_or_factory, nn.Module) or not callable(model_or_factory):
@@ -63,7 +64,7 @@ def _rank_main(rank: int, world: int, port: int, parent_pid: int, model, config,
 
     try:
         manager = DistributedManager(backend=backend, device=device, rank=rank, world_size=world)
-        dm = DistributedModel(_build(model).to(manager.device), config)
+        dm = DistributedModel(build_model_object(model).to(manager.device), config)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
         conn.send(("error", f"rank {rank} could not start: {_describe(exc)}"))
         return
@@ -217,3 +218,62 @@ class RankPool:
         for conn in self._conns:
             conn.close()
         self._conns, self._procs = [], []
+
+
+class ModelEvaluator:
+    """One model, evaluated on this process (``nproc=1``) or on N persistent ranks.
+
+    ``model`` is a wrapper, a raw upstream model a plugin recognises, or a zero-argument
+    factory. ``evaluate(full_batch, compute_stress)`` returns detached outputs with per-atom
+    rows in the batch's atom order. ``close()`` stops the ranks (atexit does it otherwise).
+    """
+
+    def __init__(self, model, nproc: int = 1, config=None, device: str | None = None,
+                 dtype: torch.dtype | None = None):
+        import atexit
+        import weakref
+
+        from torch import nn
+
+        if int(nproc) < 1:
+            raise ValueError(f"nproc must be at least 1, got {nproc}")
+        self.nproc = int(nproc)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        local = build_model_object(model)
+        if not isinstance(local, nn.Module) or not hasattr(local, "model_config"):
+            from mlipdd.plugins import wrap_model
+
+            local = wrap_model(local)  # a raw upstream model (MACE, UMA) its plugin recognises
+        self.cutoff = float(local.cutoff)
+        floating = [t.dtype for t in [*local.parameters(), *local.buffers()] if t.is_floating_point()]
+        self.dtype = dtype or (floating[0] if floating else torch.float64)
+        self.model = local.to(self.device) if self.nproc == 1 else None
+        self.pool = None
+        if self.nproc > 1:
+            from mlipdd.distributed.config import DomainConfig
+
+            config = config if config is not None else DomainConfig(cutoff=self.cutoff)
+            self.pool = RankPool(model, config, self.nproc, str(self.device))
+            # weak: atexit must not keep the evaluator (and its ranks) alive
+            self._finalizer = weakref.finalize(self, self.pool.close)
+            atexit.register(self._finalizer)
+
+    @property
+    def pids(self) -> list[int]:
+        return self.pool.pids if self.pool is not None else []
+
+    def evaluate(self, batch, compute_stress: bool) -> dict[str, torch.Tensor]:
+        if self.pool is not None:
+            return self.pool.evaluate(batch.to(device="cpu"), compute_stress)
+        with torch.enable_grad():  # forces come from autograd, even under a caller's no_grad
+            out = self.model(batch.to(self.device), compute_stress=compute_stress)
+        return {k: v.detach() for k, v in out.items() if torch.is_tensor(v)}
+
+    def close(self) -> None:
+        """Stop the ranks (nothing to do for ``nproc=1``); safe to call twice."""
+        if self.pool is not None:
+            import atexit
+
+            self._finalizer()
+            atexit.unregister(self._finalizer)
+            self.pool = None

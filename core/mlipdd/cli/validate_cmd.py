@@ -63,13 +63,17 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--world-size must be at least 1, got {args.world_size}")
     # a partial of a module-level function pickles, so each spawned rank can build the model
     factory = functools.partial(create_model, args.model, **parse_model_args(args.model_arg))
+    from mlipdd.validate import rank_checks  # weights agree across ranks, skin edges ignored
+
+    args.species = args.species or rank_checks.model_species(factory())
     spec = MLIPSpec.load(args.spec) if args.spec else None
     report = trace_and_validate(factory, _sample(args), world_size=args.world_size, spec=spec,
                                 max_attempts=args.max_attempts, device=args.device, strategy=args.strategy)
     print(report.summary())
+    checks = rank_checks.run_all(factory, _sample(args), max(2, args.world_size))
     if report.ok and args.save:
         report.spec.save(args.save)
         print(f"spec written to {args.save}")
     elif args.save:
         print(f"no spec written to {args.save}: validation failed")
-    return 0 if report.ok else 1
+    return 0 if report.ok and all(check.ok for check in checks) else 1

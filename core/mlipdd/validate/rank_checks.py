@@ -88,3 +88,17 @@ def check_ignores_skin_edges(model, batch: Batch, skin: float = 1.0) -> CheckRes
                 "(torch.where(r < cutoff, term, 0)) or use a cutoff function that is exactly 0 "
                 "beyond the cutoff"))
     return CheckResult(name, True, f"identical with a {skin} A skin on the neighbour list")
+
+
+def run_all(factory: Callable, sample: Batch | None, world_size: int = 2) -> list[CheckResult]:
+    """Both checks, each printed as one line (`mlipdd validate`); ``sample=None`` picks
+    validation's default cell for the model."""
+    model = factory()
+    if sample is None:
+        from mlipdd.validate.runner import default_sample
+
+        sample = default_sample(model)
+    checks = [check_identical_weights(factory, world_size), check_ignores_skin_edges(model, sample)]
+    for check in checks:
+        print(check.line())
+    return checks

@@ -232,15 +232,19 @@ def test_no_neighbor_hook_for_models_that_build_their_own(model):
     )
 
 
-def test_progress_bar_draws_only_for_long_runs(model):
-    shown, hidden = io.StringIO(), io.StringIO()
-    hooks = [
-        ProgressBar(shown, min_seconds=0.0, interval=0.0),
-        ProgressBar(hidden, min_seconds=1e6),
-    ]
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_plain_lines_off_a_terminal_tqdm_on_one(model):
+    plain, quiet, terminal = io.StringIO(), io.StringIO(), _Terminal()
+    hooks = [ProgressBar(plain, interval=0.0), ProgressBar(quiet, interval=1e6), ProgressBar(terminal)]
     NVE(model, dt=1.0, hooks=hooks).run(rattled_argon(), 4)
-    assert "step 4/4" in shown.getvalue() and shown.getvalue().endswith("\n")
-    assert hidden.getvalue() == ""
+    lines = plain.getvalue().splitlines()
+    assert "\r" not in plain.getvalue() and lines[-1].startswith("step 4/4 (100%)")
+    assert quiet.getvalue() == ""  # a run shorter than the interval prints nothing
+    assert "4/4" in terminal.getvalue() and "step/s" in terminal.getvalue()  # tqdm's bar
 
 
 def test_several_systems_in_one_batch(model, tmp_path):

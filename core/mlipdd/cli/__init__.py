@@ -1,4 +1,4 @@
-"""The ``mlipdd`` command: ``mlipdd run | validate | plugins``.
+"""The ``mlipdd`` command: ``mlipdd run | validate | plugins | plot``.
 
 Each subcommand lives in its own module ``mlipdd.cli.<name>_cmd`` that exposes
 ``add_parser(subparsers)``; the parser it adds sets ``func`` (``args -> int | None``).
@@ -11,7 +11,7 @@ import argparse
 import importlib
 from collections.abc import Sequence
 
-SUBCOMMAND_MODULES = ("run_cmd", "validate_cmd", "plugins_cmd")
+SUBCOMMAND_MODULES = ("run_cmd", "validate_cmd", "plugins_cmd", "plot_cmd")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,15 +9,24 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from collections.abc import Sequence
 
 SUBCOMMAND_MODULES = ("run_cmd", "validate_cmd", "plugins_cmd", "plot_cmd")
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Usage mistakes as one line (``mlipdd run: error: ...``) and exit code 2, like
+    every other input error of the command."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from mlipdd import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="mlipdd",
         description="Domain decomposition for machine-learned interatomic potentials.",
     )
@@ -29,9 +38,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Exit codes: 0 done, 1 a check failed or a rank failed, 2 bad input (one line on
+    stderr, the same on one rank as on many)."""
+    from mlipdd.data import InputError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except InputError as exc:
+        command = args.func.__module__.rsplit(".", 1)[-1].removesuffix("_cmd")
+        print(f"mlipdd {command}: error: {exc}", file=sys.stderr, flush=True)
+        return 2

@@ -43,7 +43,7 @@ def test_config_file_and_flags_override(capsys, tmp_path):
 
 def test_model_args_reach_the_model():
     from mlipdd.cli.run_cmd import parse_model_args
-    from mlipdd.simulation import RunConfig, build_model
+    from mlipdd.app.simulation import RunConfig, build_model
 
     args = parse_model_args(["cutoff=6.5", "shift=false", "mixing=geometric"])
     assert args == {"cutoff": 6.5, "shift": False, "mixing": "geometric"}
@@ -72,11 +72,11 @@ def test_structure_file_as_system(capsys, tmp_path):
 
 
 def test_bad_settings_name_the_fix(tmp_path):
-    from mlipdd.simulation import RunConfig, run_simulation
+    from mlipdd.app.simulation import RunConfig, run_simulation
 
     with pytest.raises(InputError, match="known settings"):
         RunConfig.from_mapping({"stepz": 3})
     with pytest.raises(InputError, match="neither a built-in"):
         run_simulation({"system": str(tmp_path / "missing.xyz"), "steps": 1})
     with pytest.raises(InputError, match="ensemble"):
-        RunConfig.from_mapping({"ensemble": "npt"})
+        RunConfig.from_mapping({"ensemble": "npx"})

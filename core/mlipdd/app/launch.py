@@ -11,7 +11,7 @@
 * under torchrun (``WORLD_SIZE`` set) or inside an ``srun`` step with several tasks,
   each process *is* a rank and joins the group (`run_distributed_simulation`).
 
-The distributed run mirrors `mlipdd.simulation.run_simulation`: the same
+The distributed run mirrors `mlipdd.app.simulation.run_simulation`: the same
 model, system (built on rank 0 only), integrator and hooks, wrapped in `DomainParallel`.
 Its summary adds the number of ranks, whether every atom (by id) is still there at
 the end, and the largest force difference against one process on the first step
@@ -64,7 +64,7 @@ def run_command(cfg, json_output: bool = False) -> int:
         )
     summary = run_distributed_simulation(cfg)
     if summary is not None:  # rank 0
-        from mlipdd.simulation import format_summary
+        from mlipdd.app.simulation import format_summary
 
         print(json.dumps(summary, indent=2) if json_output else format_summary(summary), flush=True)
     return 0
@@ -108,8 +108,8 @@ def run_distributed_simulation(cfg, thermo_stream=None) -> dict[str, Any] | None
     """One rank of a distributed ``mlipdd run``; the summary on rank 0, None elsewhere."""
     from mlipdd.comm import RemoteRankError
     from mlipdd.distributed.manager import DistributedManager
+    from mlipdd.dynamics.simulation import stopped_message
     from mlipdd.dynamics.stop import RunStopped, stop_on_signals
-    from mlipdd.simulation import stopped_message
 
     manager = DistributedManager(
         rank=_launched_rank(), world_size=launched_world_size(), timeout_s=cfg.collective_timeout
@@ -163,22 +163,25 @@ def _lost_peer_hint(exc: BaseException, cfg) -> str | None:
 
 
 def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
-    from mlipdd.comm import check_together, compute_on_rank0
-    from mlipdd.distributed.config import DomainConfig
-    from mlipdd.distributed.domain_parallel import DomainParallel
-    from mlipdd.simulation import (
+    from mlipdd.app.simulation import (
         _summary,
         _sync,
         build_dynamics,
         build_model,
-        build_system,
         default_hooks,
+        prepare_system,
     )
+    from mlipdd.comm import broadcast_object, check_together, compute_on_rank0
+    from mlipdd.distributed.config import DomainConfig
+    from mlipdd.distributed.domain_parallel import DomainParallel
 
     cfg.checked()
     rank = manager.rank
     model = build_model(cfg)
-    full = compute_on_rank0(build_system, cfg)
+    # rank 0 builds (or reads) the system and fills in its defaults; every rank runs with them
+    prepared = compute_on_rank0(prepare_system, cfg)
+    cfg = broadcast_object(None if prepared is None else prepared[0])
+    full = None if prepared is None else prepared[1]
     hooks = default_hooks(cfg, thermo_stream)
     dynamics = build_dynamics(cfg, model)
     config = check_together(
@@ -189,9 +192,11 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
         grid=tuple(cfg.grid) if cfg.grid else None,
         balance=cfg.balance,
     )
-    with DomainParallel(dynamics, config, cfg.steps, hooks) as dp:
-        owned = dp.partition(full)
+    with DomainParallel(dynamics, config, cfg.steps, hooks, spec=_default_spec(model, config)) as dp:
+        # a restart partitions the checkpoint's system over this run's ranks, any number
+        owned = dp.restore(cfg.restart) if cfg.restart else dp.partition(full)
         dynamics.setup(owned)  # first force evaluation, outside the timing
+        first_step = dynamics.step_count
         force_diff = _first_step_force_difference(dp, model, full)
         start_energy = dynamics.conserved_energy().sum().item()
         _sync(owned.device)
@@ -202,7 +207,8 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
         end_energy = dynamics.conserved_energy().sum().item()
         end = dp.gather()
         # collective (temperature, atom count reduce over ranks): every rank computes it
-        summary = _summary(cfg, dynamics, owned, hooks[0].records, wall, start_energy, end_energy)
+        summary = _summary(cfg, dynamics, owned, hooks[0].records, wall, start_energy, end_energy,
+                           first_step)
         grid = dp.strategy.grid.dims if dp.strategy.grid is not None else None
         summary["neighbor_list_builds"] = dp.strategy.rebuilds
         summary["load_imbalance"] = dp.model.load_imbalance
@@ -219,6 +225,16 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
         max_force_diff_eV_per_A=force_diff,
     )
     return summary
+
+
+def _default_spec(model, config):
+    """The model's own spec for the strategy; for graph partition a model without one gets
+    the plain node-partition preset (halo and sharded infer theirs in the core)."""
+    from mlipdd.spec.presets import SPEC_MPNN_GP
+
+    if config.strategy_name != "graph_partition" or model.distribution_spec(config.strategy) is not None:
+        return None
+    return SPEC_MPNN_GP
 
 
 def _first_step_force_difference(dp, model, full) -> float | None:

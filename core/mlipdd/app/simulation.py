@@ -1,8 +1,9 @@
-"""One MD run from a plain configuration: what ``mlipdd run`` executes.
+"""One run from a plain configuration: what ``mlipdd run`` executes on one process.
 
-`run_simulation` is split into `build_model`, `build_system`, `build_dynamics` and the
-timed loop so a launcher for several ranks can reuse the pieces (wrap the dynamics,
-partition the batch) without re-parsing anything.
+`run_simulation` is split into `build_model`, `prepare_system`, `build_dynamics` and the
+timed loop so the launcher for several ranks (`mlipdd.app.launch`) reuses the pieces
+(wrap the dynamics, partition the batch) without re-parsing anything. This package is
+the top layer: it uses the library (models, dynamics, distributed), nothing uses it.
 """
 
 from __future__ import annotations
@@ -19,15 +20,17 @@ from typing import Any
 import torch
 
 from mlipdd.data import Batch, InputError
-from mlipdd.dynamics.base import BaseDynamics
+from mlipdd.app.defaults import default_temperature, default_timestep, timestep_warning
+from mlipdd.app.ensembles import ENSEMBLES, OPTIMISERS, build_dynamics
 from mlipdd.dynamics.hooks import ProgressBar, ThermoLogger, TrajectoryWriter
-from mlipdd.dynamics.integrators import NVE, NVTLangevin
 from mlipdd.dynamics.velocities import initialize_velocities
 
 # Argon (Rowley, Nicholson & Parsonage): the model of the default run.
 ARGON_LJ = {"epsilon": 0.0104, "sigma": 3.4, "cutoff": 8.5}
-ENSEMBLES = ("nve", "nvt")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+STRATEGIES = ("halo", "sharded", "graph_partition")
+
+__all__ = ["ENSEMBLES", "RunConfig", "build_dynamics", "format_summary", "run_simulation"]
 
 
 @dataclass
@@ -40,19 +43,25 @@ class RunConfig:
     size: int | None = None  # cells per axis (built-ins) or repeats of the file's cell
     ensemble: str = "nvt"
     steps: int = 100
-    dt: float = 5.0  # fs
-    temperature: float = 94.0  # K: thermostat target and starting velocities
+    dt: float | None = None  # fs; None: from the system (5 noble gases, 0.5 with H, else 1)
+    temperature: float | None = None  # K; None: from the system (94 noble gases, else 300)
     friction: float = 0.01  # 1/fs
+    pressure: float = 1.0  # bar (npt, nph)
+    tdamp: float | None = None  # fs, thermostat time constant (nh, npt); None: 100 dt
+    pdamp: float | None = None  # fs, barostat time constant (npt, nph); None: 1000 dt
+    fmax: float = 0.05  # eV/A, convergence of fire / fire2
+    restart: str | None = None  # continue from this checkpoint (any number of ranks)
     seed: int = 0
     trajectory: str | None = None
     trajectory_every: int = 10
     log_every: int = 10  # 0: no thermo lines
     log_file: str | None = None  # thermo lines go here instead of stdout
+    thermo_csv: str | None = None  # the thermo records also as CSV (mlipdd plot reads it)
     dtype: str = "float64"
     device: str = "auto"  # "auto": cuda when available
     skin: float = 0.5  # Angstrom, neighbour-list skin
-    progress: str = "auto"  # "auto": a progress bar when thermo lines do not go to the console
-    # domain decomposition (run by mlipdd.distributed.launch; 1 rank: plain single process)
+    progress: str = "auto"  # "auto"/"on": a bar on a terminal, plain lines otherwise
+    # domain decomposition (run by mlipdd.app.launch; 1 rank: plain single process)
     nproc: int = 1  # local ranks `mlipdd run` starts itself (torchrun / srun: ranks join)
     strategy: str = "halo"
     grid: list[int] | None = None  # rank grid (gx, gy, gz); None: the least halo
@@ -74,7 +83,16 @@ class RunConfig:
 
     def checked(self) -> RunConfig:
         if self.ensemble not in ENSEMBLES:
-            raise InputError(f"ensemble {self.ensemble!r} is not one of {ENSEMBLES}")
+            raise InputError(f"ensemble {self.ensemble!r} is not one of {tuple(ENSEMBLES)}")
+        if self.strategy not in STRATEGIES:
+            raise InputError(f"strategy {self.strategy!r} is not one of {STRATEGIES}")
+        for name in ("dt", "temperature", "tdamp", "pdamp", "fmax"):
+            value = getattr(self, name)
+            if value is not None and not float(value) > 0:
+                raise InputError(f"{name} must be positive, got {value}")
+        if self.restart is not None and not Path(self.restart).is_file():
+            raise InputError(f"restart file {self.restart!r} does not exist; give a checkpoint "
+                             "written by --checkpoint")
         if self.dtype not in DTYPES:
             raise InputError(f"dtype {self.dtype!r} is not one of {sorted(DTYPES)}")
         if int(self.steps) < 0:
@@ -116,20 +134,54 @@ def build_model(cfg: RunConfig):
 
 
 def build_system(cfg: RunConfig) -> Batch:
-    """The starting batch, with velocities at ``cfg.temperature`` unless the file had some."""
+    """The starting structure (no velocities yet) from a built-in name or a file."""
     from mlipdd.lattices import SYSTEMS
     from mlipdd.lattices import build_system as build_builtin
 
     dtype, device = DTYPES[cfg.dtype], cfg.resolved_device()
     if cfg.system in SYSTEMS:
-        batch = build_builtin(
-            cfg.system, size=cfg.size, temperature=None, dtype=dtype, device=device
+        return build_builtin(cfg.system, size=cfg.size, temperature=None, dtype=dtype, device=device)
+    return _read_structure(Path(cfg.system), cfg.size, dtype, device)
+
+
+def prepare_system(cfg: RunConfig) -> tuple[RunConfig, Batch, Any]:
+    """The starting batch, the settings with system-dependent defaults filled in, and the
+    checkpoint when restarting (else None). Velocities are drawn at the temperature
+    unless the structure (or checkpoint) has some; optimisers start at rest."""
+    checkpoint = None
+    if cfg.restart:
+        from mlipdd.distributed.checkpoint import load_checkpoint
+
+        checkpoint = load_checkpoint(cfg.restart, device=cfg.resolved_device())
+        batch = checkpoint.batch.to(dtype=DTYPES[cfg.dtype])
+        state = checkpoint.dynamics_state  # the run continues with its own dt and temperature
+        cfg = dataclasses.replace(
+            cfg,
+            dt=cfg.dt if cfg.dt is not None else state.get("dt_fs"),
+            temperature=cfg.temperature if cfg.temperature is not None else state.get("temperature_K"),
         )
     else:
-        batch = _read_structure(Path(cfg.system), cfg.size, dtype, device)
+        batch = build_system(cfg)
+    cfg = with_system_defaults(cfg, batch)
     if batch.velocities is None:
-        initialize_velocities(batch, cfg.temperature, cfg.seed)
-    return batch
+        initialize_velocities(batch, 0.0 if cfg.ensemble in OPTIMISERS else cfg.temperature, cfg.seed)
+    return cfg, batch, checkpoint
+
+
+def with_system_defaults(cfg: RunConfig, batch: Batch) -> RunConfig:
+    """``dt`` / ``temperature`` left unset take the system's defaults; a given time step
+    that is long for these atoms (argon's 5 fs on hydrogen) is warned about on stderr."""
+    species = torch.unique(batch.atomic_numbers).tolist()
+    if cfg.dt is not None:
+        warning = timestep_warning(float(cfg.dt), species)
+        if warning:
+            print(f"mlipdd run: {warning}", file=sys.stderr, flush=True)
+    return dataclasses.replace(
+        cfg,
+        dt=float(cfg.dt) if cfg.dt is not None else default_timestep(species),
+        temperature=float(cfg.temperature) if cfg.temperature is not None
+        else default_temperature(species),
+    )
 
 
 def _read_structure(path: Path, size: int | None, dtype, device) -> Batch:
@@ -147,12 +199,6 @@ def _read_structure(path: Path, size: int | None, dtype, device) -> Batch:
     return Batch.from_ase(atoms, dtype=dtype, device=device)
 
 
-def build_dynamics(cfg: RunConfig, model, hooks=()) -> BaseDynamics:
-    if cfg.ensemble == "nve":
-        return NVE(model, cfg.dt, hooks, skin=cfg.skin)
-    return NVTLangevin(model, cfg.dt, cfg.temperature, cfg.friction, cfg.seed, hooks, skin=cfg.skin)
-
-
 def default_hooks(cfg: RunConfig, thermo_stream=None) -> list:
     """Thermo log (always: the summary reads its records), trajectory, progress bar."""
     quiet = cfg.log_every <= 0
@@ -162,7 +208,10 @@ def default_hooks(cfg: RunConfig, thermo_stream=None) -> list:
         output = cfg.log_file or (thermo_stream if thermo_stream is not None else sys.stdout)
     # when quiet, still sample ~50 states so the summary's mean temperature means something
     frequency = cfg.log_every if not quiet else max(1, int(cfg.steps) // 50)
-    hooks: list = [ThermoLogger(output, frequency=frequency)]
+    # on by default: a tqdm bar when stderr is a terminal, plain lines every 10 s otherwise
+    progress = ProgressBar() if cfg.progress in ("on", "auto") else None
+    echo = progress.write if progress is not None else None
+    hooks: list = [ThermoLogger(output, frequency=frequency, csv_path=cfg.thermo_csv, echo=echo)]
     if cfg.trajectory:
         hooks.append(TrajectoryWriter(cfg.trajectory, frequency=cfg.trajectory_every))
     if cfg.checkpoint:
@@ -170,8 +219,8 @@ def default_hooks(cfg: RunConfig, thermo_stream=None) -> list:
         from mlipdd.distributed.checkpoint import CheckpointWriter
 
         hooks.append(CheckpointWriter(cfg.checkpoint, frequency=cfg.checkpoint_every))
-    if cfg.progress == "on" or (cfg.progress == "auto" and (quiet or cfg.log_file)):
-        hooks.append(ProgressBar())
+    if progress is not None:
+        hooks.append(progress)
     return hooks
 
 
@@ -182,11 +231,16 @@ def run_simulation(
     cfg = config if isinstance(config, RunConfig) else RunConfig.from_mapping(config or {})
     cfg.checked()
     model = build_model(cfg)
-    batch = build_system(cfg)
+    cfg, batch, checkpoint = prepare_system(cfg)
     hooks = default_hooks(cfg, thermo_stream)
     dyn = build_dynamics(cfg, model, hooks)
+    if checkpoint is not None:
+        from mlipdd.distributed.checkpoint import restore_dynamics
+
+        restore_dynamics(dyn, checkpoint, device=batch.device)
 
     dyn.setup(batch)  # first force evaluation (and neighbour list) outside the timing
+    first_step = dyn.step_count
     start_energy = dyn.conserved_energy().sum().item()
     _sync(batch.device)
     start = time.perf_counter()
@@ -197,7 +251,7 @@ def run_simulation(
     for hook in hooks:
         if isinstance(hook, ThermoLogger):
             hook.close()
-    return _summary(cfg, dyn, batch, hooks[0].records, wall, start_energy, end_energy)
+    return _summary(cfg, dyn, batch, hooks[0].records, wall, start_energy, end_energy, first_step)
 
 
 def stopped_message(cfg: RunConfig, stopped) -> str:
@@ -214,8 +268,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _summary(cfg, dyn, batch, records, wall, start_energy, end_energy) -> dict[str, Any]:
-    n_atoms, steps = dyn.num_atoms(), int(cfg.steps)
+def _summary(cfg, dyn, batch, records, wall, start_energy, end_energy, first_step=0) -> dict[str, Any]:
+    n_atoms, steps = dyn.num_atoms(), int(dyn.step_count - first_step)
     temps = [r["temperature"] for r in records if r["step"] > 0] or [
         r["temperature"] for r in records
     ]
@@ -242,6 +296,10 @@ def _summary(cfg, dyn, batch, records, wall, start_energy, end_energy) -> dict[s
         "energy_drift_meV_per_atom_per_ps": drift / sim_ps if sim_ps > 0 else float("nan"),
         "neighbor_list_builds": sum(h.num_builds for h in nl),
         "trajectory": cfg.trajectory,
+        "temperature_K": cfg.temperature,
+        "final_step": int(dyn.step_count),
+        **({"converged": bool(dyn.converged()), "fmax_eV_per_A": cfg.fmax}
+           if cfg.ensemble in OPTIMISERS else {}),
     }
 
 
@@ -267,13 +325,15 @@ def format_summary(summary: Mapping[str, Any]) -> str:
             f"  temperature  final {s['temperature_final_K']:.1f} K, mean {s['temperature_mean_K']:.1f} K",
             f"  neighbour-list builds: {s['neighbor_list_builds']}"
             + (f"; trajectory: {s['trajectory']}" if s["trajectory"] else ""),
+            *([f"  relaxation   {'converged' if s['converged'] else 'NOT converged'} to fmax "
+               f"{s['fmax_eV_per_A']} eV/A after {s['final_step']} steps"] if "converged" in s else []),
             *_distributed_lines(s),
         ]
     )
 
 
 def _distributed_lines(s: Mapping[str, Any]) -> list[str]:
-    """Extra summary lines of a domain-decomposed run (keys set by mlipdd.distributed.launch)."""
+    """Extra summary lines of a domain-decomposed run (keys set by mlipdd.app.launch)."""
     if "ranks" not in s:
         return []
     return [

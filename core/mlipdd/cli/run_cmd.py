@@ -1,8 +1,7 @@
-"""``mlipdd run``: molecular dynamics from flags, a config file, or nothing at all.
+"""``mlipdd run``: molecular dynamics or a relaxation from flags, a config file, or nothing.
 
-With no arguments it runs the built-in demo (LJ argon, 4000 atoms, NVT at 94 K).
-Settings come from `RunConfig` defaults, then ``--config FILE`` (YAML or JSON, same
-keys as the flags with underscores), then the flags given on the command line.
+The run itself lives in `mlipdd.app` (settings, building, launching, summary); this module
+only turns the command line into its settings. ``DESCRIPTION`` is what ``--help`` shows.
 """
 
 from __future__ import annotations
@@ -13,15 +12,41 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mlipdd.app.simulation import (
+    DTYPES,
+    ENSEMBLES,
+    STRATEGIES,
+    RunConfig,
+    format_summary,
+    run_simulation,
+)
 from mlipdd.data import InputError
-from mlipdd.simulation import DTYPES, ENSEMBLES, RunConfig, format_summary, run_simulation
+
+DESCRIPTION = """\
+Run molecular dynamics or a relaxation. With no arguments: the built-in demo, Lennard-Jones
+argon, 4000 atoms, Langevin NVT at 94 K.
+
+Settings come from the defaults, then --config FILE (YAML or JSON, the same names as the
+flags with underscores, e.g. log_every: 5), then the flags given here. The time step and
+temperature default to values that suit the system: 5 fs and 94 K for noble-gas fluids,
+0.5 fs with hydrogen, otherwise 1 fs; 300 K otherwise.
+
+With --nproc N the run is split over N local ranks (domain decomposition); under torchrun
+or srun each launched process joins as one rank. --restart continues a checkpoint written
+by --checkpoint on any number of ranks.
+
+examples:
+  mlipdd run --model lj --system fcc_argon --size 6 --ensemble nve --steps 500
+  mlipdd run --model mace --model-arg path=my.model --system water.xyz --ensemble npt
+  mlipdd run --nproc 4 --thermo-csv thermo.csv && mlipdd plot thermo.csv
+"""
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "run",
-        help="run molecular dynamics (no arguments: LJ argon demo, 4000 atoms, NVT 94 K)",
-        description=__doc__,
+        help="run molecular dynamics or a relaxation (no arguments: a LJ argon demo)",
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_run_arguments(parser)
@@ -45,12 +70,24 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="keyword argument for the model factory; repeat for several (values parsed as JSON)",
     )
-    add("--system", default=s, help=f"built-in system or structure file (default {d.system})")
+    from mlipdd.lattices import SYSTEMS
+
+    add("--system", default=s, help=f"a built-in system ({', '.join(sorted(SYSTEMS))}) or a "
+        f"structure file ASE reads (.xyz, .extxyz, .cif, POSCAR, ...); default {d.system}")
     add("--size", type=int, default=s, help="cells per axis (built-ins) or cell repeats (files)")
-    add("--ensemble", choices=ENSEMBLES, default=s, help=f"default {d.ensemble}")
+    add("--ensemble", choices=tuple(ENSEMBLES), default=s, metavar="NAME",
+        help="; ".join(f"{name}: {text}" for name, text in ENSEMBLES.items())
+        + f" (default {d.ensemble})")
     add("--steps", type=int, default=s, help=f"number of MD steps (default {d.steps})")
-    add("--dt", type=float, default=s, help=f"time step in fs (default {d.dt})")
-    add("--temperature", type=float, default=s, help=f"K (default {d.temperature})")
+    add("--dt", type=float, default=s,
+        help="time step in fs (default: 5 noble gases, 0.5 with hydrogen, else 1)")
+    add("--temperature", type=float, default=s,
+        help="K, thermostat target and starting velocities (default: 94 noble gases, else 300)")
+    add("--pressure", type=float, default=s, help=f"bar, for npt and nph (default {d.pressure:g})")
+    add("--tdamp", type=float, default=s, help="fs, thermostat time constant (default 100 steps)")
+    add("--pdamp", type=float, default=s, help="fs, barostat time constant (default 1000 steps)")
+    add("--fmax", type=float, default=s,
+        help=f"eV/A, fire and fire2 stop when every force is below it (default {d.fmax:g})")
     add(
         "--friction",
         type=float,
@@ -67,17 +104,25 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"thermo line every N steps, 0 for none (default {d.log_every})",
     )
     add("--log-file", default=s, metavar="PATH", help="thermo lines go to this file")
+    add("--thermo-csv", default=s, metavar="PATH",
+        help="also write the thermo records as CSV (mlipdd plot draws them)")
+    add("--restart", default=s, metavar="FILE",
+        help="continue from a checkpoint (written by --checkpoint), on any number of ranks")
     add("--dtype", choices=sorted(DTYPES), default=s, help=f"default {d.dtype}")
     add("--device", default=s, help="cpu, cuda, cuda:1, ... (default: cuda when available)")
     add("--skin", type=float, default=s, help=f"neighbour-list skin in A (default {d.skin})")
-    add("--progress", choices=("auto", "on", "off"), default=s, help="progress bar on stderr")
+    add("--progress", choices=("auto", "on", "off"), default=s,
+        help="progress on stderr: a bar on a terminal, a plain line every 10 s otherwise "
+        "(default on)")
     add(
         "--nproc",
         type=int,
         default=s,
         help="run on N local ranks with domain decomposition (under torchrun/srun ranks join)",
     )
-    add("--strategy", choices=("halo",), default=s, help=f"decomposition (default {d.strategy})")
+    add("--strategy", choices=STRATEGIES, default=s,
+        help="how ranks share the system: halo (ghost atoms), sharded (reads routed to owners) "
+        f"or graph_partition (for models that build their own graph); default {d.strategy}")
     add("--balance", choices=("count", "time"), default=s,
         help="move the cut planes at rebuilds: even atom counts, or even measured force time (CPU)")
     add("--grid", type=_grid, default=s, metavar="GX,GY,GZ", help="rank grid (default: least halo)")
@@ -156,13 +201,13 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mlipdd.distributed.launch import launched_world_size, run_command
+    from mlipdd.app.launch import launched_world_size, run_command
 
     cfg = config_from_args(args)
     if cfg.nproc > 1 or launched_world_size() > 1:
         return run_command(cfg, json_output=args.json)
+    from mlipdd.dynamics.simulation import stopped_message
     from mlipdd.dynamics.stop import RunStopped, stop_on_signals
-    from mlipdd.simulation import stopped_message
 
     try:
         with stop_on_signals():  # SIGTERM / SIGHUP / Ctrl-C: stop after the step, write files

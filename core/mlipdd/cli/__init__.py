@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from collections.abc import Sequence
 
@@ -17,7 +18,12 @@ SUBCOMMAND_MODULES = ("run_cmd", "validate_cmd", "plugins_cmd", "plot_cmd")
 
 class OneLineErrorParser(argparse.ArgumentParser):
     """Usage mistakes as one line (``mlipdd run: error: ...``) and exit code 2, like
-    every other input error of the command."""
+    every other input error of the command; help text without the docstrings' markup
+    (subcommands use their module docstring as description)."""
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        return re.sub(r"`{1,2}([^`]+)`{1,2}", r"\1", text)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

@@ -47,10 +47,12 @@ def test_defaults_follow_the_system_and_long_steps_with_hydrogen_warn(capsys, tm
     ase.io.write(path, water.repeat(2))
     argon = run_json(capsys, "--steps", "1")
     assert (argon["dt_fs"], argon["temperature_K"]) == (5.0, 94.0)
-    s = run_json(capsys, "--steps", "1", "--system", str(path))
+    # a soft LJ that leaves the molecules' bonds alone (argon's sigma would blow them apart)
+    soft = ["--model-arg", "sigma=0.5", "--model-arg", "epsilon=0.001", "--model-arg", "cutoff=2.0"]
+    s = run_json(capsys, "--steps", "1", "--system", str(path), *soft)
     assert (s["dt_fs"], s["temperature_K"]) == (0.5, 300.0)
     assert "warning" not in capsys.readouterr().err
-    assert main(["run", *SMALL, "--steps", "1", "--system", str(path), "--dt", "5"]) == 0
+    assert main(["run", *SMALL, "--steps", "1", "--system", str(path), "--dt", "5", *soft]) == 0
     err = capsys.readouterr().err
     assert "warning: a 5 fs time step is long" in err and "--dt 0.5" in err
 
@@ -126,9 +128,10 @@ def test_thermo_csv_and_plot(capsys, tmp_path):
     import matplotlib.image
 
     csv_npt, csv_nvt = tmp_path / "npt.csv", tmp_path / "nvt.csv"
-    run_json(capsys, "--ensemble", "npt", "--steps", "20", "--log-every", "5", "--thermo-csv", str(csv_npt),
+    text = ["--log-every", "5", "--log-file", str(tmp_path / "thermo.log")]  # stdout stays JSON
+    run_json(capsys, "--ensemble", "npt", "--steps", "20", *text, "--thermo-csv", str(csv_npt),
              "--pdamp", "200")
-    run_json(capsys, "--steps", "20", "--log-every", "5", "--thermo-csv", str(csv_nvt))
+    run_json(capsys, "--steps", "20", *text, "--thermo-csv", str(csv_nvt))
     rows = csv_npt.read_text().splitlines()
     assert rows[0].split(",")[:3] == ["step", "time_ps", "system"] and len(rows) == 1 + 5
     assert main(["plot", str(csv_npt)]) == 0 and main(["plot", str(csv_nvt), "-o", str(tmp_path / "v.png")]) == 0

@@ -30,7 +30,7 @@ class RequestStopAt:
 
 
 def _argon():
-    from mlipdd.simulation import RunConfig, build_model, build_system
+    from mlipdd.app.simulation import RunConfig, build_model, build_system
 
     cfg = RunConfig(size=3, device="cpu", ensemble="nve")
     return build_model(cfg), build_system(cfg)

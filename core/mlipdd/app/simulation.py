@@ -28,7 +28,14 @@ from mlipdd.dynamics.velocities import initialize_velocities
 # Argon (Rowley, Nicholson & Parsonage): the model of the default run.
 ARGON_LJ = {"epsilon": 0.0104, "sigma": 3.4, "cutoff": 8.5}
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-STRATEGIES = ("halo", "sharded", "graph_partition")
+
+
+def strategy_names() -> list[str]:
+    """Every registered strategy: the built-in halo, sharded, graph_partition and plugins'."""
+    from mlipdd.plugins import registry
+
+    return sorted(registry().strategies)
+
 
 __all__ = ["ENSEMBLES", "RunConfig", "build_dynamics", "format_summary", "run_simulation"]
 
@@ -84,8 +91,8 @@ class RunConfig:
     def checked(self) -> RunConfig:
         if self.ensemble not in ENSEMBLES:
             raise InputError(f"ensemble {self.ensemble!r} is not one of {tuple(ENSEMBLES)}")
-        if self.strategy not in STRATEGIES:
-            raise InputError(f"strategy {self.strategy!r} is not one of {STRATEGIES}")
+        if self.strategy not in strategy_names():
+            raise InputError(f"strategy {self.strategy!r} is not one of {strategy_names()}")
         for name in ("dt", "temperature", "tdamp", "pdamp", "fmax"):
             value = getattr(self, name)
             if value is not None and not float(value) > 0:
@@ -133,7 +140,7 @@ def build_model(cfg: RunConfig):
     return model.to(device=cfg.resolved_device(), dtype=DTYPES[cfg.dtype])
 
 
-def build_system(cfg: RunConfig) -> Batch:
+def build_structure(cfg: RunConfig) -> Batch:
     """The starting structure (no velocities yet) from a built-in name or a file."""
     from mlipdd.lattices import SYSTEMS
     from mlipdd.lattices import build_system as build_builtin
@@ -161,11 +168,16 @@ def prepare_system(cfg: RunConfig) -> tuple[RunConfig, Batch, Any]:
             temperature=cfg.temperature if cfg.temperature is not None else state.get("temperature_K"),
         )
     else:
-        batch = build_system(cfg)
+        batch = build_structure(cfg)
     cfg = with_system_defaults(cfg, batch)
     if batch.velocities is None:
         initialize_velocities(batch, 0.0 if cfg.ensemble in OPTIMISERS else cfg.temperature, cfg.seed)
     return cfg, batch, checkpoint
+
+
+def build_system(cfg: RunConfig) -> Batch:
+    """The starting batch with velocities (`prepare_system` without the settings)."""
+    return prepare_system(cfg)[1]
 
 
 def with_system_defaults(cfg: RunConfig, batch: Batch) -> RunConfig:

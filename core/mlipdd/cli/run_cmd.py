@@ -15,10 +15,10 @@ from typing import Any
 from mlipdd.app.simulation import (
     DTYPES,
     ENSEMBLES,
-    STRATEGIES,
     RunConfig,
     format_summary,
     run_simulation,
+    strategy_names,
 )
 from mlipdd.data import InputError
 
@@ -120,7 +120,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         default=s,
         help="run on N local ranks with domain decomposition (under torchrun/srun ranks join)",
     )
-    add("--strategy", choices=STRATEGIES, default=s,
+    add("--strategy", choices=strategy_names(), default=s,
         help="how ranks share the system: halo (ghost atoms), sharded (reads routed to owners) "
         f"or graph_partition (for models that build their own graph); default {d.strategy}")
     add("--balance", choices=("count", "time"), default=s,
@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if cfg.nproc > 1 or launched_world_size() > 1:
         return run_command(cfg, json_output=args.json)
-    from mlipdd.dynamics.simulation import stopped_message
+    from mlipdd.app.simulation import stopped_message
     from mlipdd.dynamics.stop import RunStopped, stop_on_signals
 
     try:

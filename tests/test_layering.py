@@ -16,8 +16,8 @@ import pytest
 CORE = Path(mlipdd.__file__).parent
 
 # a layer (a subpackage or a top-level module of mlipdd) -> the layers it must not import
-# the user-facing layers and the `mlipdd run` app: nothing below them imports them
-TOP = {"cli", "validate", "testing", "ase", "simulation"}
+# the user-facing layers and the `mlipdd run` app (app/): nothing below them imports them
+TOP = {"cli", "validate", "testing", "ase", "torchsim", "app"}
 _ABOVE_COMM = {"models", "dynamics", "distributed", "strategy", "shard", "spec", "plugins", "neighbors",
                "lattices", *TOP}
 FORBIDDEN = {
@@ -28,7 +28,8 @@ FORBIDDEN = {
     "models": {"distributed", "strategy", "shard", "comm", *TOP},
     "dynamics": {"distributed", "strategy", "shard", "comm", *TOP},
     "strategy": {"distributed", "dynamics", "models", *TOP},
-    "distributed": TOP - {"simulation"},  # the distributed launcher reuses the run app's pieces
+    "distributed": TOP,
+    "app": {"cli"},
 }
 FIX = {
     "comm": "comm is the bottom layer (torch, mlipdd.data and group_abort only)",
@@ -39,6 +40,7 @@ FIX = {
     "dynamics": "the distributed runtime wraps dynamics (DomainParallel), never the reverse",
     "strategy": "strategies partition data for DistributedModel; they do not drive it",
     "distributed": "the runtime is used by validate/testing/cli, not the other way round",
+    "app": "a run goes down through the library; argument parsing (cli) sits above it",
 }
 
 

@@ -10,7 +10,6 @@ import sys
 import ase.io
 import numpy as np
 import pytest
-
 from mlipdd.app.ensembles import ENSEMBLES
 from mlipdd.cli import main
 
@@ -20,7 +19,7 @@ SMALL = ["--size", "2", "--log-every", "0", "--progress", "off", "--json"]
 def mlipdd(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """``python -m mlipdd ARGS`` in a fresh process (exit code and stderr as a user sees them)."""
     return subprocess.run([sys.executable, "-m", "mlipdd", *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          check=False, timeout=timeout)
 
 
 def run_json(capsys, *args: str) -> dict:

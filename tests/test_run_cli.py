@@ -42,8 +42,8 @@ def test_config_file_and_flags_override(capsys, tmp_path):
 
 
 def test_model_args_reach_the_model():
-    from mlipdd.cli.run_cmd import parse_model_args
     from mlipdd.app.simulation import RunConfig, build_model
+    from mlipdd.cli.run_cmd import parse_model_args
 
     args = parse_model_args(["cutoff=6.5", "shift=false", "mixing=geometric"])
     assert args == {"cutoff": 6.5, "shift": False, "mixing": "geometric"}

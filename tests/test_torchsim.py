@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 import torch_sim as ts  # the `torchsim` extra (also in the `test` extra)
-
 from mlipdd.models import LennardJones
 from mlipdd.testing.systems import two_systems
 from mlipdd.torchsim import TorchSimModel, batch_from_state

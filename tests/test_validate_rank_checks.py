@@ -5,14 +5,17 @@ from __future__ import annotations
 import os
 
 import torch
-
 from mlipdd.data import Batch
 from mlipdd.models import LennardJones
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig
 from mlipdd.neighbors import build_neighbor_list
 from mlipdd.testing.systems import triclinic
 from mlipdd.testing.toy_models import ToyMPNN
-from mlipdd.validate.rank_checks import check_identical_weights, check_ignores_skin_edges, model_species
+from mlipdd.validate.rank_checks import (
+    check_identical_weights,
+    check_ignores_skin_edges,
+    model_species,
+)
 
 
 def lj():

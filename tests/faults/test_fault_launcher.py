@@ -129,8 +129,8 @@ def test_a_suspended_rank_fails_the_run_at_the_collective_timeout(tmp_path):
 
 def test_one_default_collective_timeout():
     """L5: the CLI setting and the library's manager share the documented default."""
-    from mlipdd.distributed.manager import DEFAULT_COLLECTIVE_TIMEOUT_S, DistributedManager
     from mlipdd.app.simulation import RunConfig
+    from mlipdd.distributed.manager import DEFAULT_COLLECTIVE_TIMEOUT_S, DistributedManager
 
     assert RunConfig().collective_timeout == DEFAULT_COLLECTIVE_TIMEOUT_S == 300.0
     default = inspect.signature(DistributedManager).parameters["timeout_s"].default

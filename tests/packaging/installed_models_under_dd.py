@@ -10,7 +10,6 @@ import functools
 import sys
 
 import torch
-
 from mlipdd.testing import check_conformance
 from mlipdd.testing.systems import triclinic
 

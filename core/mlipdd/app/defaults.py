@@ -15,7 +15,7 @@ HYDROGEN = 1
 
 def default_timestep(atomic_numbers: Iterable[int]) -> float:
     """fs: 5 for noble-gas fluids, 0.5 with hydrogen, 1 otherwise."""
-    species = set(int(z) for z in atomic_numbers)
+    species = {int(z) for z in atomic_numbers}
     if species and species <= NOBLE_GASES:
         return 5.0
     return 0.5 if HYDROGEN in species else 1.0
@@ -23,13 +23,13 @@ def default_timestep(atomic_numbers: Iterable[int]) -> float:
 
 def default_temperature(atomic_numbers: Iterable[int]) -> float:
     """K: 94 (liquid argon) for noble-gas fluids, 300 otherwise."""
-    species = set(int(z) for z in atomic_numbers)
+    species = {int(z) for z in atomic_numbers}
     return 94.0 if species and species <= NOBLE_GASES else 300.0
 
 
 def timestep_warning(dt_fs: float, atomic_numbers: Iterable[int]) -> str | None:
     """A one-line warning when an explicit time step is long for these atoms, else None."""
-    species = set(int(z) for z in atomic_numbers)
+    species = {int(z) for z in atomic_numbers}
     suggested = default_timestep(species)
     if dt_fs <= 2.0 * suggested:
         return None

@@ -106,9 +106,9 @@ def spawn_local(cfg, json_output: bool = False) -> int:
 # ---- one rank -----------------------------------------------------------------------------
 def run_distributed_simulation(cfg, thermo_stream=None) -> dict[str, Any] | None:
     """One rank of a distributed ``mlipdd run``; the summary on rank 0, None elsewhere."""
+    from mlipdd.app.simulation import stopped_message
     from mlipdd.comm import RemoteRankError
     from mlipdd.distributed.manager import DistributedManager
-    from mlipdd.app.simulation import stopped_message
     from mlipdd.dynamics.stop import RunStopped, stop_on_signals
 
     manager = DistributedManager(

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from mlipdd.data import Batch, InputError
 from mlipdd.app.defaults import default_temperature, default_timestep, timestep_warning
 from mlipdd.app.ensembles import ENSEMBLES, OPTIMISERS, build_dynamics
+from mlipdd.data import Batch, InputError
 from mlipdd.dynamics.hooks import ProgressBar, ThermoLogger, TrajectoryWriter
 from mlipdd.dynamics.velocities import initialize_velocities
 
@@ -337,11 +337,17 @@ def format_summary(summary: Mapping[str, Any]) -> str:
             f"  temperature  final {s['temperature_final_K']:.1f} K, mean {s['temperature_mean_K']:.1f} K",
             f"  neighbour-list builds: {s['neighbor_list_builds']}"
             + (f"; trajectory: {s['trajectory']}" if s["trajectory"] else ""),
-            *([f"  relaxation   {'converged' if s['converged'] else 'NOT converged'} to fmax "
-               f"{s['fmax_eV_per_A']} eV/A after {s['final_step']} steps"] if "converged" in s else []),
+            *_relaxation_lines(s),
             *_distributed_lines(s),
         ]
     )
+
+
+def _relaxation_lines(s: Mapping[str, Any]) -> list[str]:
+    if "converged" not in s:
+        return []
+    state = "converged" if s["converged"] else "NOT converged"
+    return [f"  relaxation   {state} to fmax {s['fmax_eV_per_A']} eV/A after {s['final_step']} steps"]
 
 
 def _distributed_lines(s: Mapping[str, Any]) -> list[str]:

@@ -28,7 +28,7 @@ class MLIPDDCalculator(Calculator):
     Close it with ``calc.close()``, a ``with`` block, or let ``atexit`` do it.
     """
 
-    implemented_properties = ["energy", "free_energy", "forces", "stress", "charges"]
+    implemented_properties = ("energy", "free_energy", "forces", "stress", "charges")
 
     def __init__(self, model, nproc: int = 1, config=None, device: str | None = None,
                  dtype: torch.dtype | None = None, **kwargs):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 import traceback
 from typing import Any
@@ -34,12 +33,12 @@ class WorkerError(RuntimeError):
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """Linux: SIGKILL this process when the parent dies (elsewhere the pipe's EOF stops it)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
+    """SIGKILL this process when the parent dies (Linux; elsewhere the pipe's EOF stops it).
+    A calculator's rank holds no run state worth saving, unlike `mlipdd run`'s ranks
+    (`supervise.follow_launcher`), so it goes at once."""
+    from mlipdd.distributed.supervise import _set_parent_death_signal
 
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    _set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent_pid:  # the parent died before the request above took effect
         os._exit(1)
 

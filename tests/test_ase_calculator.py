@@ -191,3 +191,26 @@ def test_stress_needs_a_periodic_cell():
     with pytest.raises(PropertyNotImplementedError, match="periodic"):
         atoms.get_stress()
     assert torch.get_default_dtype() == torch.float32  # the calculator changed nothing global
+
+
+def qeq_model():
+    from mlipdd.testing.qeq_model import QEqModel
+
+    return QEqModel(cutoff=4.5, species=(1, 8))
+
+
+def test_charges_of_a_charge_model_on_two_sharded_ranks():
+    """A charge-equilibration model: ASE gets its charges, on 2 ranks as on one process."""
+    from mlipdd.distributed import DomainConfig, StrategyKind
+    from mlipdd.testing.systems import triclinic
+
+    atoms = triclinic(species=(1, 8), spacing=3.0).to_ase()[0]
+    ref = atoms.copy()
+    ref.calc = MLIPDDCalculator(qeq_model())
+    config = DomainConfig(cutoff=4.5, strategy=StrategyKind.SHARDED)
+    with MLIPDDCalculator(qeq_model, nproc=2, config=config) as calc:  # a factory: each rank builds it
+        atoms.calc = calc
+        charges = atoms.get_charges()
+        np.testing.assert_allclose(charges, ref.get_charges(), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(atoms.get_forces(), ref.get_forces(), rtol=0, atol=1e-10)
+    assert abs(charges.sum()) < 1e-10 and np.abs(charges).max() > 1e-3  # neutral, not all zero

@@ -175,9 +175,11 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
     from mlipdd.distributed.config import DomainConfig
     from mlipdd.distributed.domain_parallel import DomainParallel
 
-    cfg.checked()
     rank = manager.rank
-    model = build_model(cfg)
+    # agreed (a collective): a rank that fails at once must not leave before its peers have
+    # joined the group, or they die in the rendezvous with a transport error instead of this
+    check_together(cfg.checked)
+    model = check_together(build_model, cfg)
     # rank 0 builds (or reads) the system and fills in its defaults; every rank runs with them
     prepared = compute_on_rank0(prepare_system, cfg)
     cfg = broadcast_object(None if prepared is None else prepared[0])

@@ -63,6 +63,7 @@ class DistributedModel(nn.Module):
                 f"{model.cutoff}; ghosts would be missing: use DomainConfig(cutoff=model.cutoff)"
             )
         self.strategy = strategy_cls.from_config(config, group)
+        self.strategy.use_spec(self.spec)
         self.last_padded: Batch | None = None
         self._calls = 0  # NOTE [deferred checks]
 

@@ -17,7 +17,7 @@ Rule vocabulary:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import ClassVar
 
 from mlipdd.spec.errors import SpecError
@@ -83,6 +83,15 @@ class HaloStoragePolicy(_PolicyBase):
     scatter: str = "halo_correction"
     gather: str = "halo_read"
     system_reductions: bool = True
+    # NOTE [own graph]: a model that builds its own open-boundary graph over the padded
+    # rows (UMA) ignores the periodic local list, so it needs every periodic image within
+    # the halo as a ghost row, also along the axes the rank grid does not cut.
+    builds_own_graph: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.builds_own_graph, bool):
+            raise SpecError(f"HaloStoragePolicy.builds_own_graph must be True or False, not {self.builds_own_graph!r}")
 
 
 @dataclass(frozen=True)
@@ -187,6 +196,11 @@ def merge_policies(a: StoragePolicy, b: StoragePolicy) -> StoragePolicy:
             + outcome.reason.format(other=other)
         )
     candidates = [p for p in (a, b) if p.kind == outcome]
+    if outcome == "halo" and len(candidates) == 2:
+        # one block building its own graph needs the full ghost shell; the other reads
+        # the local list, which the shell does not change (NOTE [own graph])
+        own_graph = a.builds_own_graph or b.builds_own_graph
+        candidates = [replace(p, builds_own_graph=own_graph) for p in candidates]
     if len(candidates) == 2 and candidates[0] != candidates[1]:
         differing = [
             f"{name}: {candidates[0].rules()[name]!r} vs {candidates[1].rules()[name]!r}"

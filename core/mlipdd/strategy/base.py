@@ -3,6 +3,7 @@
 `DistributedModel` calls, per run and per forward::
 
     strategy = cls.from_config(config, group)     # once; cls.accepts(policy) checked first
+    strategy.use_spec(spec)                        # once
     owned = strategy.partition(full_on_rank_0, device)
     strategy.prepare(owned)                        # collective: rebuild / migrate when due
     model_batch, meta = strategy.model_batch(owned, spec)
@@ -67,6 +68,10 @@ class Strategy(OnGroup, abc.ABC):
     @abc.abstractmethod
     def consolidate(self, outputs: dict, meta: ShardMeta, spec, autograd_outputs) -> dict:
         """The model's outputs -> replicated per-system values and owned per-atom rows."""
+
+    def use_spec(self, spec) -> None:
+        """Called once, right after `from_config`, with the model's resolved spec: a
+        strategy whose layout depends on the model learns it here (default: nothing)."""
 
     def model_scope(self, meta: ShardMeta):
         """A context entered around the model's forward (default: none)."""

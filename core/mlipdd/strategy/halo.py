@@ -69,6 +69,7 @@ class HaloPlanner(OnGroup):
         self.group = group
         self.grid: RankGrid | None = None
         self.rebuilds = 0
+        self.ghosts_on_uncut_axes = False  # NOTE [own graph] in mlipdd.spec.policies
         self.balance = balance if balance is not None else LoadBalance(group=group)  # planes that follow the atoms
 
     def grid_for(self, cell: torch.Tensor) -> RankGrid:
@@ -155,7 +156,7 @@ class HaloPlanner(OnGroup):
         # atom is a ghost there; ghosts come only from the cut axes. (Mirroring images
         # along uncut axes too cost 1.72x rows per owned atom at 27k atoms on a 2x1x1 grid,
         # against ~1.3x for one halo width across the two cut faces.)
-        ghost_axes = batch.pbc[sys] & self._cut_axes(grid, frac.device)
+        ghost_axes = batch.pbc[sys] & self._ghost_axes(grid, frac.device)
         atom, shift, rank = halo_targets(frac, frac_width[sys], ghost_axes, grid)
         keep = (rank != self.rank) | (shift != 0).any(dim=1)  # not the atom itself
         if self.world_size == 1:
@@ -189,13 +190,14 @@ class HaloPlanner(OnGroup):
         )
         padded = self.padded_positions(positions, cell, state).detach()
         state.reference_padded = padded
-        state.neighbors = local_neighbors(padded, batch, state, nl_cutoff, self._cut_axes(grid, cell.device))
+        state.neighbors = local_neighbors(padded, batch, state, nl_cutoff, self._ghost_axes(grid, cell.device))
         self.rebuilds += 1
         return state
 
-    @staticmethod
-    def _cut_axes(grid: RankGrid, device) -> torch.Tensor:
-        return torch.tensor([g > 1 for g in grid.dims], device=device)
+    def _ghost_axes(self, grid: RankGrid, device) -> torch.Tensor:
+        """The axes along which periodic images become ghost rows (and the local list is
+        open): the cut ones (NOTE [uncut axes]), or all of them (NOTE [own graph])."""
+        return torch.tensor([g > 1 or self.ghosts_on_uncut_axes for g in grid.dims], device=device)
 
     def padded_positions(self, owned: torch.Tensor, cell: torch.Tensor, state: HaloState) -> torch.Tensor:
         shift = torch.einsum("gi,gij->gj", state.ghost_unit_shift, cell.detach()[state.ghost_system])
@@ -246,6 +248,10 @@ class HaloStrategy(Strategy):
 
     def prepare(self, batch: Batch) -> None:
         self.state = self.halo.prepare(batch, self.state) or self.state
+
+    def use_spec(self, spec) -> None:
+        policy = spec.distribution.policy
+        self.halo.ghosts_on_uncut_axes = policy.is_halo() and policy.builds_own_graph
 
     def model_scope(self, meta: ShardMeta):
         return self.halo.balance.timing()  # the force time balance="time" measures

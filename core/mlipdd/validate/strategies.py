@@ -6,8 +6,8 @@ spec (or the one passed in)."""
 from __future__ import annotations
 
 from mlipdd.data import InputError
-from mlipdd.spec.presets import SPEC_MPNN_GP, SPEC_MPNN_HALO, SPEC_MPNN_SHARDED
 from mlipdd.plugins import get_strategy
+from mlipdd.spec.presets import SPEC_MPNN_GP, SPEC_MPNN_HALO, SPEC_MPNN_SHARDED
 
 # the preset a plain model runs under, per strategy (its policy is the one that fits)
 STRATEGY_PRESETS = {

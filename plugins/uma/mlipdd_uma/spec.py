@@ -25,7 +25,7 @@ def uma_halo_spec() -> MLIPSpec:
     from mlipdd_uma.halo import halo_helpers
 
     return MLIPSpec(
-        distribution=DistributionSpec(HaloStoragePolicy(), third_party_helpers=halo_helpers()),
+        distribution=DistributionSpec(HaloStoragePolicy(builds_own_graph=True), third_party_helpers=halo_helpers()),
         output_kinds=UMA_OUTPUTS,
         all_reduce_outputs=frozenset({"stress"}),
         name="uma_halo",

@@ -120,7 +120,6 @@ class AIMNet2Wrapper(ModelWrapper):
             neighbor_config=NeighborConfig(cutoff=cutoff),
             outputs=frozenset({"energy", "forces", "stress", "charges"}),
             autograd_outputs=frozenset({"forces", "stress"}),
-            needs_system_charge=True,
             supported_dtypes=(dtype,),
             extra={"aimnet_version": self.aimnet_version, "coulomb": coulomb, "species": self.species},
         )

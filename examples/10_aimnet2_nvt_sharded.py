@@ -24,7 +24,13 @@ import sys
 
 import torch
 from mlipdd.data import Batch
-from mlipdd.distributed import DistributedManager, DistributedModel, DomainConfig, DomainParallel, gather_rows
+from mlipdd.distributed import (
+    DistributedManager,
+    DistributedModel,
+    DomainConfig,
+    DomainParallel,
+    gather_rows,
+)
 from mlipdd.distributed.config import StrategyKind
 from mlipdd.dynamics import NVTLangevin, ThermoLogger, initialize_velocities
 from mlipdd_aimnet2.testing import molecular_crystal, random_aimnet2_wrapper

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import functools
 
-from mlipdd.spec import DistributionSpec, HaloStoragePolicy, MLIPSpec, OutputKind, ShardedStoragePolicy
+from mlipdd.spec import (
+    DistributionSpec,
+    HaloStoragePolicy,
+    MLIPSpec,
+    OutputKind,
+    ShardedStoragePolicy,
+)
 from mlipdd.strategy.kinds import StrategyKind
 
 AIMNET2_OUTPUTS = {

@@ -14,9 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-
 from mlipdd.data import Batch, InputError
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig, strained
+
 from mlipdd_aimnet2.coulomb import COULOMB_METHODS, dsf_energy, simple_energy
 from mlipdd_aimnet2.inputs import aimnet_inputs
 from mlipdd_aimnet2.versions import require_aimnet

@@ -10,6 +10,6 @@ os.environ["MLIPDD_SPAWN_PRELOAD"] = ",".join(
     p for p in (os.environ.get("MLIPDD_SPAWN_PRELOAD", ""), _preload) if p
 )
 
-import pytest  # noqa: E402
+import pytest
 
 pytest.importorskip("aimnet", reason="aimnet is not installed (see plugins/aimnet2/README.md)")

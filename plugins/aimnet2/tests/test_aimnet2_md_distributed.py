@@ -18,7 +18,13 @@ import functools
 import pytest
 import torch
 from aimnet2_systems import DSF_CUTOFF, triclinic_crystal
-from mlipdd.distributed import DomainConfig, DomainParallel, HookScope, StrategyKind, unwrapped_positions
+from mlipdd.distributed import (
+    DomainConfig,
+    DomainParallel,
+    HookScope,
+    StrategyKind,
+    unwrapped_positions,
+)
 from mlipdd.dynamics import DynamicsStage, NVTLangevin, initialize_velocities
 from mlipdd.testing import run_ranks
 from mlipdd_aimnet2.testing import random_aimnet2_wrapper

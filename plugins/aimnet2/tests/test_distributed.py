@@ -112,3 +112,28 @@ def test_bad_input_fails_on_every_rank_with_the_fix(case, message):
     assert sorted(failure.value.failures) == [0, 1]
     for text in failure.value.failures.values():
         assert re.search(message, text), text[-800:]
+
+
+def _halo_without_refresh(rank, world_size):
+    """Halo storage with the mol_sum adapter only (no ghost refresh after the convolution)."""
+    from aimnet2_systems import triclinic_crystal
+    from mlipdd.spec import DistributionSpec, HaloStoragePolicy
+    from mlipdd_aimnet2.adapters import aimnet2_helpers
+    from mlipdd_aimnet2.spec import aimnet2_halo_spec
+
+    model = FACTORY()
+    spec = aimnet2_halo_spec().replace(
+        distribution=DistributionSpec(HaloStoragePolicy(), third_party_helpers=aimnet2_helpers(halo=False)))
+    dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, strategy=StrategyKind.HALO), spec=spec)
+    owned = dm.partition(triclinic_crystal() if rank == 0 else None)
+    out = dm(owned)
+    return {"atom_ids": owned.atom_ids, "forces": out["forces"], "charges": out["charges"]}
+
+
+def test_halo_needs_the_convolution_ghost_refresh():
+    """Without the ConvSV adapter the ghosts keep a zero environment: visibly wrong."""
+    parts = run_ranks(_halo_without_refresh, 2, timeout=600)
+    reference = _reference("triclinic_crystal")
+    n = reference["forces"].shape[0]
+    assert relative_difference(gather_by_id(parts, "forces", n), reference["forces"]) > 1e-3
+    assert relative_difference(gather_by_id(parts, "charges", n), reference["charges"]) > 1e-3

@@ -32,7 +32,6 @@ class DomainConfig:
     skin: float = 0.5
     strategy: StrategyKind | str = StrategyKind.HALO
     grid: tuple[int, int, int] | None = None
-    compile: bool = False
     check_every: int = 10
     balance: str | None = None
     balance_every: int = 10

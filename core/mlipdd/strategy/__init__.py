@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from mlipdd.strategy.base import Strategy
 from mlipdd.strategy.graph_partition import GraphPartitionStrategy
-from mlipdd.strategy.halo import HaloPlanner, HaloStrategy
+from mlipdd.strategy.halo import HaloPlanner, HaloStrategy, SpatialStrategy
 from mlipdd.strategy.kinds import StrategyKind
 from mlipdd.strategy.sharded import ShardedStrategy
 
@@ -18,6 +18,7 @@ __all__ = [
     "HaloPlanner",
     "HaloStrategy",
     "ShardedStrategy",
+    "SpatialStrategy",
     "Strategy",
     "StrategyKind",
 ]

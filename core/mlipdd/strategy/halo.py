@@ -216,23 +216,18 @@ class HaloPlanner(OnGroup):
         return bool(changed)
 
 
-class HaloStrategy(Strategy):
-    """`StrategyKind.HALO`: the model sees ``[owned | ghost]`` rows (module docstring)."""
-
-    name = StrategyKind.HALO.value
+class SpatialStrategy(Strategy):
+    """A strategy built on spatial ownership: it holds a `HaloPlanner` (subdomains,
+    migration, the halo plan) and decides what the model sees of it."""
 
     def __init__(self, planner: HaloPlanner):
         self.halo = planner
         self.group = planner.group
-        self.state: HaloState | None = None
+        self.state = None  # the subclass's per-rebuild state; None until the first prepare
 
     @classmethod
-    def from_config(cls, config, group=None) -> HaloStrategy:
+    def from_config(cls, config, group=None) -> SpatialStrategy:
         return cls(HaloPlanner.from_config(config, group))
-
-    @classmethod
-    def accepts(cls, policy) -> bool:
-        return policy.is_halo() or policy.is_local()
 
     @property
     def grid(self) -> RankGrid | None:
@@ -245,6 +240,16 @@ class HaloStrategy(Strategy):
     def partition(self, full: Batch | None, device=None) -> Batch:
         self.state = None
         return self.halo.partition(full, device)
+
+
+class HaloStrategy(SpatialStrategy):
+    """`StrategyKind.HALO`: the model sees ``[owned | ghost]`` rows (module docstring)."""
+
+    name = StrategyKind.HALO.value
+
+    @classmethod
+    def accepts(cls, policy) -> bool:
+        return policy.is_halo() or policy.is_local()
 
     def prepare(self, batch: Batch) -> None:
         self.state = self.halo.prepare(batch, self.state) or self.state

@@ -33,8 +33,7 @@ from mlipdd.shard import ShardMeta, ShardTensor
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows
 from mlipdd.shard.layouts import layout_for
 from mlipdd.shard.owned_rows import owned_rows_scope
-from mlipdd.strategy.base import Strategy
-from mlipdd.strategy.halo import HaloPlanner, HaloState, exchange_counts
+from mlipdd.strategy.halo import HaloState, SpatialStrategy, exchange_counts
 from mlipdd.strategy.kinds import StrategyKind
 from mlipdd.strategy.outputs import consolidate_outputs
 
@@ -52,36 +51,15 @@ class ShardedState:
     halo_ghosts: int  # ghost rows halo storage would keep here (for memory reports)
 
 
-class ShardedStrategy(Strategy):
+class ShardedStrategy(SpatialStrategy):
     """`StrategyKind.SHARDED`: owned rows only; remote reads routed to their owners."""
 
     name = StrategyKind.SHARDED.value
-
-    def __init__(self, planner: HaloPlanner):
-        self.halo = planner
-        self.group = planner.group
-        self.state: ShardedState | None = None
-
-    @classmethod
-    def from_config(cls, config, group=None) -> ShardedStrategy:
-        return cls(HaloPlanner.from_config(config, group))
 
     @classmethod
     def accepts(cls, policy) -> bool:
         # "halo | sharded -> sharded": a halo model's reads are served over the wire
         return policy.is_sharded() or policy.is_halo()
-
-    @property
-    def grid(self):
-        return self.halo.grid
-
-    @property
-    def rebuilds(self) -> int:
-        return self.halo.rebuilds
-
-    def partition(self, full: Batch | None, device=None) -> Batch:
-        self.state = None
-        return self.halo.partition(full, device)
 
     def prepare(self, batch: Batch) -> None:
         """Collective: when the halo plan is rebuilt, rewrite it over owned rows."""

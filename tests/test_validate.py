@@ -242,6 +242,8 @@ def test_cli_validate_lj_exits_zero_and_saves(capsys, tmp_path):
     assert MLIPSpec.load(path).policy == HaloStoragePolicy()
 
 
-def test_cli_unknown_model_exits_non_zero(capsys):
-    assert main(["validate", "no_such_model"]) == 1
-    assert "mlipdd plugins" in capsys.readouterr().out
+def test_cli_unknown_model_is_one_line_of_bad_input(capsys):
+    assert main(["validate", "no_such_model"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown model 'no_such_model'" in err and "mlipdd plugins" in err
+    assert len(err.strip().splitlines()) == 1

@@ -47,6 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Exit codes: 0 done, 1 a check failed or a rank failed, 2 bad input (one line on
     stderr, the same on one rank as on many)."""
     from mlipdd.data import InputError
+    from mlipdd.plugins import UnknownNameError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -55,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except InputError as exc:
+    except (InputError, UnknownNameError) as exc:  # a typo in a model/strategy name is bad input too
         command = args.func.__module__.rsplit(".", 1)[-1].removesuffix("_cmd")
         print(f"mlipdd {command}: error: {exc}", file=sys.stderr, flush=True)
         return 2

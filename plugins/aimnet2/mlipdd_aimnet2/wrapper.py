@@ -211,13 +211,7 @@ class AIMNet2Wrapper(ModelWrapper):
                 inputs.append(strain)
                 view = Batch._from_dicts({**batch.node, "positions": positions}, dict(batch.system))
                 pos_used, cell = strained(view, strain)
-            data = aimnet_inputs(batch, pos_used, cell, charge, self.short_cutoff, self.coulomb_cutoff)
-            data = self.model.forward_prepared(data)
-            energy = data["energy"].to(torch.float64)
-            if self.coulomb == "dsf":
-                energy = energy + dsf_energy(data, self.dsf_alpha, self.coulomb_cutoff)
-            elif self.coulomb == "simple":
-                energy = energy + simple_energy(data)
+            energy, data = self._energy(batch, pos_used, cell, charge)
             grads = torch.autograd.grad(energy.sum(), inputs)
         out = {
             "energy": energy.detach().to(batch.dtype),
@@ -228,6 +222,40 @@ class AIMNet2Wrapper(ModelWrapper):
             volume = torch.linalg.det(batch.cell).abs().view(-1, 1, 1)
             out["stress"] = grads[1] / volume
         return out
+
+    def _energy(self, batch: Batch, positions, cell, charge) -> tuple[torch.Tensor, dict]:
+        """Energy per system (network + the wrapper's Coulomb term) and aimnet's output dict."""
+        data = aimnet_inputs(batch, positions, cell, charge, self.short_cutoff, self.coulomb_cutoff)
+        data = self.model.forward_prepared(data)
+        energy = data["energy"].to(torch.float64)
+        if self.coulomb == "dsf":
+            energy = energy + dsf_energy(data, self.dsf_alpha, self.coulomb_cutoff)
+        elif self.coulomb == "simple":
+            energy = energy + simple_energy(data)
+        return energy, data
+
+    def atomic_energies_and_charges(self, batch: Batch, positions, cell) -> tuple[torch.Tensor, torch.Tensor]:
+        """(energy per atom, charges), both attached to ``positions``: the charge-model protocol
+        of mlipdd-ewald-pme's ``ChargeCoupled``, which adds the Ewald/PME energy of these
+        charges and differentiates the sum once.
+
+        aimnet has no per-atom energy after its short-range Coulomb subtraction (a per-system
+        term), so each atom carries an equal share of its system's energy: the per-system
+        sums, and so energies, forces and stress, are exact; the shares are not site energies.
+        The atom count is aimnet's own per-system sum, so it is right under DD as well.
+        """
+        if self.coulomb != "none":
+            raise InputError(
+                f"AIMNet2Wrapper(coulomb={self.coulomb!r}) already adds a Coulomb term; feeding its charges to "
+                "another electrostatics model would count it twice: build it with coulomb='none'"
+            )
+        self.check_input(batch)
+        energy, data = self._energy(batch, positions, cell, self.total_charge(batch))
+        from aimnet import nbops
+
+        index = batch.batch
+        counts = nbops.mol_sum(torch.ones_like(data["charges"]), data)
+        return (energy / counts)[index], data["charges"]
 
     # ---- distribution -------------------------------------------------------------------
     def distribution_spec(self, strategy=None):

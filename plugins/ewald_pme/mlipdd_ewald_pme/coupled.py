@@ -9,9 +9,11 @@ miss. A charge model provides its charges in one of two ways:
 * ``atomic_energies(batch, positions, cell)`` that leaves the charges, still attached
   to the autograd graph, in ``last_charges`` (`mlipdd.testing.QEqModel` does).
 
-Under domain decomposition both parts run on the electrostatics wrapper's halo spec:
-the charge model must be correct under halo storage (plain-torch message passing with
-per-system sums is: the dispatch all-reduces the sums).
+Under domain decomposition both parts run under one spec: the charge model's own spec
+composed with the electrostatics wrapper's (``spec_a | spec_b``: adapters of both, and
+the merge table's storage, so AIMNet2's sharded spec wins over Ewald's halo), or the
+electrostatics' halo spec alone for a charge model without one (plain-torch message
+passing with per-system sums is correct there: the dispatch all-reduces the sums).
 """
 
 from __future__ import annotations
@@ -41,7 +43,13 @@ class ChargeCoupled(ModelWrapper):
         self._charges: torch.Tensor | None = None
 
     def distribution_spec(self, strategy=None):
+        # Both parts run in one forward, so under one layout: the charge model's spec (its
+        # adapters, e.g. AIMNet2's; sharded wins over halo in the merge table) composed
+        # with the electrostatics' (a charge model without a spec runs on the latter's).
         spec = self.electrostatics.distribution_spec(strategy)
+        own = self.charge_model.distribution_spec(strategy)
+        if own is not None:
+            spec = own | spec
         return spec.replace(output_kinds={**spec.output_kinds, "charges": OutputKind.PER_NODE},
                             name=f"{spec.name}_charge_coupled")
 

@@ -1,0 +1,169 @@
+"""AIMNet2 with the ewald_pme plugin: its charges feeding Ewald, and D3(BJ) outside the network.
+
+* ``ChargeCoupled(AIMNet2Wrapper(coulomb="none"), EwaldWrapper)``: the network's energy plus
+  the Ewald energy of its predicted charges, differentiated once (forces include
+  ``dE/dq . dq/dr``). Single process: the energy is the sum of the two parts computed
+  apart; forces and stress match central finite differences.
+* ``PipelineModelWrapper([AIMNet2Wrapper(dispersion=False), D3Wrapper(params=metadata["d3_params"])])``:
+  the D3(BJ) term a released AIMNet2 (wB97M-D3) expects from its calculator; the D3 part
+  equals tad-dftd3 with the same parameters.
+* Under DD (2, 3 and 4 gloo ranks, float64, one launch per rank count): both compositions
+  on a triclinic molecular crystal equal one process; the Ewald one under sharded storage
+  (the merge of AIMNet2's sharded spec with Ewald's halo spec) and under halo storage.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from aimnet2_systems import triclinic_crystal
+from mlipdd.testing import run_ranks
+from mlipdd.testing.conformance import gather_by_id, relative_difference
+from mlipdd_aimnet2.testing import molecular_crystal, random_aimnet2_wrapper
+
+pytest.importorskip("mlipdd_ewald_pme", reason="the ewald_pme plugin provides Ewald, ChargeCoupled and D3")
+
+EWALD_CUTOFF = 6.0
+D3_CUTOFF = 8.0
+LIMIT = 1e-10
+
+
+def aimnet_ewald():
+    """AIMNet2 charges -> Ewald (the network's own Coulomb off)."""
+    from mlipdd_ewald_pme import ChargeCoupled, EwaldWrapper
+
+    return ChargeCoupled(random_aimnet2_wrapper(seed=0, coulomb="none"),
+                         EwaldWrapper(cutoff=EWALD_CUTOFF, accuracy=1e-6))
+
+
+def aimnet_d3(coulomb="dsf"):
+    """[AIMNet2 (dispersion=False), D3(BJ) with the wB97M parameters from the model's metadata]."""
+    from mlipdd.models import PipelineModelWrapper
+    from mlipdd_ewald_pme import D3Wrapper
+
+    aimnet = random_aimnet2_wrapper(seed=0, coulomb=coulomb, dsf_cutoff=7.0)
+    return PipelineModelWrapper([aimnet, D3Wrapper(cutoff=D3_CUTOFF, params=aimnet.metadata["d3_params"])])
+
+
+def test_energy_is_aimnet_plus_ewald_of_its_charges():
+    batch = triclinic_crystal()
+    coupled = aimnet_ewald()
+    out = coupled(batch, compute_stress=True)
+    alone = coupled.charge_model(batch, compute_stress=True)
+    with_charges = triclinic_crystal()
+    with_charges.add_node_property("charges", alone["charges"])
+    ewald = coupled.electrostatics(with_charges, compute_stress=True)
+    assert torch.allclose(out["charges"], alone["charges"], rtol=0, atol=1e-14)
+    assert abs(float((out["energy"] - alone["energy"] - ewald["energy"]).detach())) < 1e-12 * abs(float(out["energy"].detach()))
+    assert float(ewald["energy"].detach().abs()) > 1e-3  # the charges are not zero: a real Coulomb term
+    # forces differ from the sum of independently differentiated parts by dE_ewald/dq . dq/dr
+    assert float((out["forces"] - alone["forces"] - ewald["forces"]).abs().max()) > 1e-6
+    with pytest.raises(Exception, match="count it twice"):
+        from mlipdd_ewald_pme import ChargeCoupled, EwaldWrapper
+
+        ChargeCoupled(random_aimnet2_wrapper(seed=0), EwaldWrapper(cutoff=EWALD_CUTOFF))(batch)
+
+
+def test_forces_and_stress_match_finite_differences():
+    batch = triclinic_crystal()
+    model = aimnet_ewald()
+    out = model(batch, compute_stress=True)
+
+    def energy(positions=None, cell=None):
+        b = triclinic_crystal()
+        if positions is not None:
+            b.node["positions"] = positions
+        if cell is not None:
+            b.system["cell"] = cell
+        return float(model(b)["energy"])
+
+    h = 1e-4
+    for atom in (0, 17, 41):
+        for axis in range(3):
+            plus, minus = batch.positions.clone(), batch.positions.clone()
+            plus[atom, axis] += h
+            minus[atom, axis] -= h
+            fd = -(energy(positions=plus) - energy(positions=minus)) / (2 * h)
+            assert abs(fd - float(out["forces"][atom, axis])) < 1e-6, (atom, axis, fd)
+    # stress: strain the cell and the positions together, one symmetric component
+    volume = float(torch.linalg.det(batch.cell[0]).abs())
+    for i, j in ((0, 0), (0, 1)):
+        values = []
+        for sign in (1, -1):
+            strain = torch.zeros(3, 3, dtype=torch.float64)
+            strain[i, j] = strain[j, i] = sign * h / (2 if i != j else 1)
+            deform = torch.eye(3, dtype=torch.float64) + strain
+            values.append(energy(positions=batch.positions @ deform, cell=batch.cell @ deform))
+        fd = (values[0] - values[1]) / (2 * h) / volume  # d E / d(symmetric strain) / V
+        assert abs(fd - float(out["stress"][0, i, j])) < 1e-7, (i, j, fd, float(out["stress"][0, i, j]))
+
+
+def test_d3_part_equals_tad_dftd3_with_the_wb97m_parameters():
+    tad = pytest.importorskip("tad_dftd3")
+    from mlipdd.data import Batch
+    from mlipdd_ewald_pme.d3 import BOHR, HARTREE
+    from tad_dftd3.cutoff import Cutoff
+
+    # an open cluster of 4 molecules (tad-dftd3 sums no periodic images): all-pairs Coulomb
+    batch = Batch.from_data_list([molecular_crystal((2, 2, 1), seed=5, pbc=False)])
+    pipeline = aimnet_d3(coulomb="simple")
+    out = pipeline(batch)
+    alone = pipeline.models[0](batch)
+    params = pipeline.models[0].metadata["d3_params"]
+    assert params == {"s6": 1.0, "s8": 0.3908, "a1": 0.566, "a2": 3.128}  # aimnet's wB97M-D3(BJ)
+    positions = batch.positions.clone().requires_grad_(True)
+    param = {k: torch.tensor(v, dtype=torch.float64) for k, v in {**params, "s9": 0.0}.items()}
+    cutoff = Cutoff(cn=D3_CUTOFF / BOHR, disp2=D3_CUTOFF / BOHR, disp3=D3_CUTOFF / BOHR, dtype=torch.float64)
+    e_d3 = HARTREE * tad.dftd3(batch.atomic_numbers, positions / BOHR, param, cutoff=cutoff).sum()
+    f_d3 = -torch.autograd.grad(e_d3, positions)[0]
+    assert abs(float((out["energy"] - alone["energy"] - e_d3).detach())) < 1e-12 * abs(float(e_d3))
+    assert float((out["forces"] - alone["forces"] - f_d3).abs().max()) < 1e-12 * float(f_d3.abs().max())
+    assert float(e_d3) < -1e-2  # a real dispersion energy
+
+
+CASES = {
+    "ewald_sharded": (aimnet_ewald, None),
+    "ewald_halo": (aimnet_ewald, "halo"),
+    "d3_sharded": (aimnet_d3, None),
+}
+
+
+def _distributed(rank, world_size):
+    from mlipdd.distributed import DistributedModel, DistributedPipelineModel, DomainConfig, StrategyKind
+    from mlipdd.models import PipelineModelWrapper
+
+    results = {}
+    for name, (factory, strategy) in CASES.items():
+        model = factory()
+        runner = DistributedPipelineModel if isinstance(model, PipelineModelWrapper) else DistributedModel
+        config = DomainConfig(cutoff=model.cutoff, skin=0.3,
+                              strategy=StrategyKind(strategy) if strategy else None)
+        dm = runner(model, config)
+        owned = dm.partition(triclinic_crystal() if rank == 0 else None)
+        out = dm(owned, compute_stress=True)
+        results[name] = {"atom_ids": owned.atom_ids, "spec": dm.spec.name,
+                         **{k: out[k].detach() for k in ("energy", "forces", "stress")}}
+    return results
+
+
+@functools.cache
+def _reference(name):
+    factory, _ = CASES[name]
+    return {k: v.detach() for k, v in factory()(triclinic_crystal(), compute_stress=True).items()}
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_distributed_equals_one_process(world_size):
+    parts = run_ranks(_distributed, world_size, timeout=900)
+    n = triclinic_crystal().num_atoms
+    for name in CASES:
+        runs, reference = [p[name] for p in parts], _reference(name)
+        got = {"energy": runs[0]["energy"], "stress": runs[0]["stress"], "forces": gather_by_id(runs, "forces", n)}
+        for key, value in got.items():
+            diff = relative_difference(value, reference[key])
+            assert diff <= LIMIT, f"{world_size} ranks, {name}, {key}: {diff:.3g}"
+            print(f"{world_size} ranks {name} {key}: {diff:.2g} ({runs[0]['spec']})")
+    assert parts[0]["ewald_sharded"]["spec"].startswith("aimnet2_sharded")
+    assert parts[0]["ewald_halo"]["spec"].startswith("aimnet2_halo")

@@ -49,7 +49,13 @@ class ChargeCoupled(ModelWrapper):
         spec = self.electrostatics.distribution_spec(strategy)
         own = self.charge_model.distribution_spec(strategy)
         if own is not None:
-            spec = own | spec
+            composed = own | spec
+            # A charge model that names one storage whatever the strategy (QEqModel: sharded)
+            # but is plain torch runs on the electrostatics' layout when the requested
+            # strategy is that layout: keep the pair on the strategy's storage.
+            wanted = getattr(strategy, "value", strategy)
+            if wanted is None or composed.distribution.policy.kind == wanted or spec.distribution.policy.kind != wanted:
+                spec = composed
         return spec.replace(output_kinds={**spec.output_kinds, "charges": OutputKind.PER_NODE},
                             name=f"{spec.name}_charge_coupled")
 

@@ -11,8 +11,9 @@
 * Under DD (2, 3 and 4 gloo ranks, float64, one launch per rank count): both compositions
   on a triclinic molecular crystal equal one process; the Ewald one under sharded storage
   (the merge of AIMNet2's sharded spec with Ewald's halo spec) and under halo storage, and
-  the PME one under halo storage (PME's spline ops are halo-only OpAdapters). Measured:
-  energy <= 4e-16, forces <= 1e-14, stress <= 4e-15 relative.
+  the PME one under halo storage (PME's spline ops are halo-only OpAdapters), plus the Ewald
+  one on a 12-atom cell thinner than the cutoff (every rank sees its own images). Measured:
+  energy <= 5e-16, forces <= 1e-14, stress <= 8e-15, charges <= 6e-15 relative.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import functools
 
 import pytest
 import torch
-from aimnet2_systems import triclinic_crystal
+from aimnet2_systems import own_images, triclinic_crystal
 from mlipdd.testing import run_ranks
 from mlipdd.testing.conformance import gather_by_id, relative_difference
 from mlipdd_aimnet2.testing import molecular_crystal, random_aimnet2_wrapper
@@ -71,9 +72,10 @@ def test_energy_is_aimnet_plus_ewald_of_its_charges():
     assert float(ewald["energy"].detach().abs()) > 1e-3  # the charges are not zero: a real Coulomb term
     # forces differ from the sum of independently differentiated parts by dE_ewald/dq . dq/dr
     assert float((out["forces"] - alone["forces"] - ewald["forces"]).abs().max()) > 1e-6
-    with pytest.raises(Exception, match="count it twice"):
-        from mlipdd_ewald_pme import ChargeCoupled, EwaldWrapper
+    from mlipdd.data import InputError
+    from mlipdd_ewald_pme import ChargeCoupled, EwaldWrapper
 
+    with pytest.raises(InputError, match="count it twice"):
         ChargeCoupled(random_aimnet2_wrapper(seed=0), EwaldWrapper(cutoff=EWALD_CUTOFF))(batch)
 
 
@@ -166,25 +168,31 @@ def test_d3_equals_aimnets_own_dftd3_module():
     assert float((forces - ours["forces"]).abs().max()) < 2e-5 * float(forces.abs().max())
 
 
-CASES = {
-    "ewald_sharded": (aimnet_ewald, "sharded"),
-    "ewald_halo": (aimnet_ewald, "halo"),
-    "pme_halo": (aimnet_pme, "halo"),
-    "d3_sharded": (aimnet_d3, "sharded"),
+CASES = {  # name: (model, strategy, system)
+    "ewald_sharded": (aimnet_ewald, "sharded", triclinic_crystal),
+    "ewald_halo": (aimnet_ewald, "halo", triclinic_crystal),
+    "pme_halo": (aimnet_pme, "halo", triclinic_crystal),
+    "d3_sharded": (aimnet_d3, "sharded", triclinic_crystal),
+    "ewald_own_images": (aimnet_ewald, "sharded", own_images),  # cell thinner than the cutoff
 }
 
 
 def _distributed(rank, world_size):
-    from mlipdd.distributed import DistributedModel, DistributedPipelineModel, DomainConfig, StrategyKind
+    from mlipdd.distributed import (
+        DistributedModel,
+        DistributedPipelineModel,
+        DomainConfig,
+        StrategyKind,
+    )
     from mlipdd.models import PipelineModelWrapper
 
     results = {}
-    for name, (factory, strategy) in CASES.items():
+    for name, (factory, strategy, system) in CASES.items():
         model = factory()
         runner = DistributedPipelineModel if isinstance(model, PipelineModelWrapper) else DistributedModel
         config = DomainConfig(cutoff=model.cutoff, skin=0.3, strategy=StrategyKind(strategy))
         dm = runner(model, config)
-        owned = dm.partition(triclinic_crystal() if rank == 0 else None)
+        owned = dm.partition(system() if rank == 0 else None)
         out = dm(owned, compute_stress=True)
         results[name] = {"atom_ids": owned.atom_ids, "spec": dm.spec.name,
                          **{k: out[k].detach() for k in ("energy", "forces", "stress") if k in out},
@@ -194,15 +202,15 @@ def _distributed(rank, world_size):
 
 @functools.cache
 def _reference(name):
-    factory, _ = CASES[name]
-    return {k: v.detach() for k, v in factory()(triclinic_crystal(), compute_stress=True).items()}
+    factory, _, system = CASES[name]
+    return {k: v.detach() for k, v in factory()(system(), compute_stress=True).items()}
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_distributed_equals_one_process(world_size):
     parts = run_ranks(_distributed, world_size, timeout=900)
-    n = triclinic_crystal().num_atoms
-    for name in CASES:
+    for name, (_, _, system) in CASES.items():
+        n = system().num_atoms
         runs, reference = [p[name] for p in parts], _reference(name)
         got = {"energy": runs[0]["energy"], "stress": runs[0]["stress"], "forces": gather_by_id(runs, "forces", n)}
         if runs[0]["charges"] is not None:  # the coupled models report the charges they fed in

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import statistics
 import time
 from pathlib import Path
@@ -76,3 +77,33 @@ def write_results(name: str, title: str, rows: list[dict], columns: list[str], n
     (out_dir / f"{name}.md").write_text(text)
     (out_dir / f"{name}.json").write_text(json.dumps({"machine": info, "rows": rows, "notes": notes}, indent=1))
     return table
+
+
+def _status_mb(key: str) -> float:
+    return int(re.search(rf"{key}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) / 1024
+
+
+def peak_and_wall(call, repeats: int, world_size: int) -> dict:
+    """CPU rank: peak extra resident memory of one ``call`` (VmHWM reset first, Linux) and
+    wall times of ``repeats`` more, each between barriers so the slowest rank sets it."""
+    import gc
+
+    import torch.distributed as dist
+
+    call()  # warm-up (and the neighbour list)
+    gc.collect()
+    before = _status_mb("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    out = call()
+    peak = _status_mb("VmHWM") - before
+    del out
+    wall = []
+    for _ in range(repeats):
+        if world_size > 1:
+            dist.barrier()
+        t = time.perf_counter()
+        call()
+        if world_size > 1:
+            dist.barrier()
+        wall.append(time.perf_counter() - t)
+    return {"best_s": min(wall), "median_s": statistics.median(wall), "peak_mb": peak}

@@ -14,22 +14,12 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import gc
 import os
-import re
-import statistics
 import sys
-import time
-from pathlib import Path
 
 import torch
-import torch.distributed as dist
-from _common import write_results
+from _common import peak_and_wall, write_results
 from mlipdd.testing import run_ranks
-
-
-def _status_mb(key: str) -> float:
-    return int(re.search(rf"{key}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) / 1024
 
 
 def system(reps):
@@ -54,25 +44,9 @@ def measure(rank, world_size, reps, strategy, dsf_cutoff, repeats):
     def call():
         return dm(owned, compute_stress=True)
 
-    call()  # warm-up (and the neighbour list)
-    gc.collect()
-    before = _status_mb("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM
-    out = call()
-    peak = _status_mb("VmHWM") - before
-    del out
-    wall = []
-    for _ in range(repeats):
-        if world_size > 1:
-            dist.barrier()
-        t = time.perf_counter()
-        call()
-        if world_size > 1:
-            dist.barrier()
-        wall.append(time.perf_counter() - t)
+    measured = peak_and_wall(call, repeats, world_size)
     rows = dm.last_padded.positions.shape[0]
-    return {"best_s": min(wall), "median_s": statistics.median(wall), "peak_mb": peak,
-            "owned": owned.num_atoms, "model_rows": rows}
+    return {**measured, "owned": owned.num_atoms, "model_rows": rows}
 
 
 def main(argv=None):

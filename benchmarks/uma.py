@@ -14,17 +14,11 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import gc
 import os
-import re
-import statistics
 import sys
-import time
-from pathlib import Path
 
 import torch
-import torch.distributed as dist
-from _common import write_results
+from _common import peak_and_wall, write_results
 from mlipdd.testing import run_ranks
 
 SPECIES = (1, 6, 8)
@@ -39,15 +33,6 @@ def _config(name: str) -> dict:
     from mlipdd_uma.testing import uma_bench_config
 
     return uma_bench_config() if name == "bench" else small_config()
-
-
-def _status_mb(key: str) -> float:
-    text = Path("/proc/self/status").read_text()
-    return int(re.search(rf"{key}:\s+(\d+) kB", text).group(1)) / 1024
-
-
-def _reset_peak() -> None:
-    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
 
 
 def system(reps: int):
@@ -72,23 +57,8 @@ def measure(rank, world_size, reps, config_name, strategy, repeats):
     def call():
         return dm(owned, compute_stress=True)
 
-    call()  # warm-up
-    gc.collect()
-    before = _status_mb("VmRSS")
-    _reset_peak()
-    out = call()
-    peak = _status_mb("VmHWM") - before
-    del out
-    wall = []
-    for _ in range(repeats):
-        if world_size > 1:
-            dist.barrier()
-        t = time.perf_counter()
-        call()
-        if world_size > 1:
-            dist.barrier()
-        wall.append(time.perf_counter() - t)
-    return {"best_s": min(wall), "median_s": statistics.median(wall), "peak_mb": peak, "owned": owned.num_atoms}
+    measured = peak_and_wall(call, repeats, world_size)
+    return {**measured, "owned": owned.num_atoms}
 
 
 def main(argv=None):

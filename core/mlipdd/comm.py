@@ -29,6 +29,7 @@ layer (shard, strategy, distributed, validate) may use it.
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -96,6 +97,14 @@ def rank_device(backend: str, local_rank: int) -> torch.device:
 
 
 # ---- objects ----------------------------------------------------------------------------------
+def free_port() -> int:
+    """A TCP port free on this host now, for a local rendezvous (it can be taken before
+    rank 0 binds it; `mlipdd.testing.spawn` retries that race)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def broadcast_object(value: T | None, group=None, src: int = 0) -> T:
     """Collective: group rank ``src``'s ``value`` on every rank (pickled)."""
     if group_size(group) == 1:

@@ -73,7 +73,7 @@ def run_command(cfg, json_output: bool = False) -> int:
 # ---- starting local ranks -----------------------------------------------------------------
 def spawn_local(cfg, json_output: bool = False) -> int:
     """Start ``cfg.nproc`` local ranks running this configuration; wait; exit code."""
-    from mlipdd.distributed.manager import _free_port
+    from mlipdd.comm import free_port
     from mlipdd.distributed.supervise import Supervisor, start_rank
 
     nproc = int(cfg.nproc)
@@ -82,7 +82,7 @@ def spawn_local(cfg, json_output: bool = False) -> int:
         config_path = os.path.join(tmp, "run.json")
         with open(config_path, "w", encoding="utf-8") as handle:
             json.dump(settings, handle)
-        port = _free_port()
+        port = free_port()
         threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // nproc))
         procs = []
         for rank in range(nproc):

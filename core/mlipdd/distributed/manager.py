@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from mlipdd.comm import default_backend, group_rank, group_size, rank_device
+from mlipdd.comm import default_backend, free_port, group_rank, group_size, rank_device
 
 
 def _env_int(*names: str, default: int | None = None) -> int | None:
@@ -53,7 +52,7 @@ class DistributedManager:
             rank = rank if rank is not None else _env_int("RANK", "SLURM_PROCID", default=0)
             world_size = world_size if world_size is not None else _env_int("WORLD_SIZE", "SLURM_NTASKS", default=1)
             os.environ.setdefault("MASTER_ADDR", _slurm_master() if "SLURM_PROCID" in os.environ else "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", "29531" if "SLURM_JOB_ID" in os.environ else str(_free_port()) if world_size == 1 else "29500")
+            os.environ.setdefault("MASTER_PORT", "29531" if "SLURM_JOB_ID" in os.environ else str(free_port()) if world_size == 1 else "29500")
             use_cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
             backend = backend or default_backend(use_cuda)
             dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
@@ -84,7 +83,3 @@ class DistributedManager:
         self.cleanup()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -36,10 +36,9 @@ def die_with_parent(parent_pid: int) -> None:
     """SIGKILL this process when the parent dies (Linux; elsewhere the pipe's EOF stops it).
     A calculator's rank holds no run state worth saving, unlike `mlipdd run`'s ranks
     (`supervise.follow_launcher`), so it goes at once."""
-    from mlipdd.distributed.supervise import _set_parent_death_signal
+    from mlipdd.distributed.supervise import signal_on_parent_death
 
-    _set_parent_death_signal(signal.SIGKILL)
-    if os.getppid() != parent_pid:  # the parent died before the request above took effect
+    if not signal_on_parent_death(parent_pid, signal.SIGKILL):
         os._exit(1)
 
 
@@ -117,12 +116,12 @@ class RankPool:
     def __init__(self, model, config, nproc: int, device: str):
         import multiprocessing
 
-        from mlipdd.distributed.manager import _free_port
+        from mlipdd.comm import free_port
 
         # spawn, never fork: the parent may hold threads (and CUDA) that a fork would copy
         ctx = multiprocessing.get_context("spawn")
         backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
-        port = _free_port()
+        port = free_port()
         self.nproc = nproc
         self._conns, self._procs = [], []
         for rank in range(nproc):

@@ -208,8 +208,7 @@ def follow_launcher(grace_s: float = STOP_GRACE_S, poll_s: float = 0.5) -> None:
     if not pid:
         return
     launcher = int(pid)
-    _set_parent_death_signal(signal.SIGTERM)
-    if os.getppid() != launcher:  # it died before the prctl took effect
+    if not signal_on_parent_death(launcher, signal.SIGTERM):
         print(
             f"rank {os.environ.get('RANK', '?')}: the launcher (pid {launcher}) is gone; exiting",
             file=sys.stderr,
@@ -225,11 +224,14 @@ def follow_launcher(grace_s: float = STOP_GRACE_S, poll_s: float = 0.5) -> None:
     thread.start()
 
 
-def _set_parent_death_signal(sig: int) -> None:
-    if not sys.platform.startswith("linux"):
-        return  # the watchdog thread covers other systems
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+def signal_on_parent_death(parent_pid: int, sig: int) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent dies (Linux); returns
+    False when the parent ``parent_pid`` is already gone (it died before the request took
+    effect), so the caller exits at once."""
+    if sys.platform.startswith("linux"):  # elsewhere the caller's own watch covers it
+        with contextlib.suppress(Exception):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    return os.getppid() == parent_pid
 
 
 def _watch_launcher(launcher: int, grace_s: float, poll_s: float) -> None:

@@ -12,10 +12,11 @@ import io
 import multiprocessing as mp
 import os
 import queue
-import socket
 import traceback
 from collections.abc import Callable
 from typing import Any
+
+from mlipdd.comm import free_port
 
 _CTX = None
 
@@ -36,12 +37,6 @@ def _context():
         extra = [m for m in os.environ.get("MLIPDD_SPAWN_PRELOAD", "").split(",") if m]
         _CTX.set_forkserver_preload(["torch", "mlipdd.shard", "mlipdd.distributed.model", *extra])
     return _CTX
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank, world_size, port, fn, args, kwargs, results, backend, threads):

@@ -16,8 +16,9 @@ The rules (registered for the `Sharded` layout; their order is stated in
   owner of its row, which adds it up (`mlipdd.shard.exchange.pad`);
 * a scatter into node rows adds the owned part locally and sends the request-table
   part to the owners (the adjoint of the gather);
-* a scatter into one row per system, or a sum over atoms or edges, is a local sum plus
-  an ``all_reduce``; the result is *replicated* (see the NOTE below);
+* a scatter into one row per system is a local sum plus an ``all_reduce``; the result
+  is *replicated* (see the NOTE below); a whole-tensor sum over atoms or edges is the
+  same sum, returned plain as under halo storage;
 * a replicated value read per atom or per edge (``lam[batch.batch]``, ``chi - lam``)
   enters the per-rank rows through an identity whose backward is an ``all_reduce``
   (the row boundary of every layout, `mlipdd.shard.replicated`).
@@ -171,9 +172,12 @@ def _is_row_sum(func, meta, args, kwargs) -> bool:
 
 @register(Sharded, torch.Tensor.sum, torch.sum, predicate=_is_row_sum, name="sharded_global_sum")
 def sharded_global_sum(func, meta: ShardMeta, args, kwargs):
-    """A sum over atoms or edges: local partial, then all_reduce; replicated result."""
+    """A sum over atoms or edges: local partial, then all_reduce; a plain result, as under
+    halo storage (NOTE [global sums stay plain] in `mlipdd.shard.handlers`: mace adds
+    ``positions.sum() * 0`` to its strain, and a replicated mark would sum the virial
+    twice)."""
     x = local(args[0])
     rest = {k: v for k, v in kwargs.items() if k != "input"}
     with torch._C.DisableTorchFunctionSubclass():
         partial = torch.sum(x, *args[1:], **rest)
-    return ShardTensor.wrap(all_reduce_sum(partial, meta.group), meta.as_replicated())
+    return all_reduce_sum(partial, meta.group)

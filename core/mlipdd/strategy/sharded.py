@@ -84,7 +84,7 @@ class ShardedStrategy(SpatialStrategy):
         node = {
             "positions": positions,
             "atomic_numbers": ShardTensor.wrap(batch.atomic_numbers, meta),
-            "batch": batch.batch,
+            "batch": ShardTensor.wrap(batch.batch, meta),
             "atom_ids": batch.atom_ids,
         }
         owned = Batch._from_dicts(node, dict(batch.system))

@@ -65,7 +65,7 @@ def edges_within_cutoff(
     # autograd and without any tensor-subclass dispatch (under DD the rows are
     # [owned | ghost] and the check is purely local).
     with torch.no_grad():
-        pos = torch.Tensor.as_subclass(positions.detach(), torch.Tensor)
+        pos = positions.detach()
         sender, receiver = edge_index[0], edge_index[1]
         shifts = cartesian_shifts(unit_shifts, cell.detach(), system_of_atom[sender])
         vectors = pos[receiver] - pos[sender] + shifts

@@ -15,6 +15,7 @@ import torch
 from mlipdd.data import Batch
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig
 from mlipdd_mace.chunked import chunked_blocks, estimate_memory
+from mlipdd_mace.empty_rows import empty_rows_guard
 from mlipdd_mace.graph import mace_inputs
 from mlipdd_mace.versions import require_mace
 
@@ -166,8 +167,10 @@ class MACEWrapper(ModelWrapper):
             chunked_blocks(self.model, self.chunk_atoms)
             if self.chunk_atoms is not None and not keep_graph else contextlib.nullcontext()
         )
+        no_rows = empty_rows_guard(self.model) if positions.shape[0] == 0 else contextlib.nullcontext()
         try:
-            with torch.enable_grad(), chunking:  # forces are an autograd derivative, even in no_grad
+            # forces are an autograd derivative, even in no_grad
+            with torch.enable_grad(), chunking, no_rows:
                 out = self.model(
                     data,
                     training=keep_graph,

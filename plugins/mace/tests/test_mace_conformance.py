@@ -3,7 +3,7 @@
 Uses the core's kit (`mlipdd.testing.conformance_suite`): the awkward cells
 (cubic, triclinic, a cell where ranks see their own images, a slab with
 vacuum, a batch of two systems), each run on spawned gloo ranks and compared with one
-process to 1e-10 in float64. The model is rebuilt in every rank from a picklable
+process to 1e-10 in float64, under halo storage and under sharded storage. The model is rebuilt in every rank from a picklable
 factory with a fixed seed. 2 ranks by default (every rank imports mace, which is slow
 on a small CPU box); ``pytest --mlipdd-world-sizes=2,3,4`` runs the full matrix.
 """
@@ -28,4 +28,10 @@ FACTORY = functools.partial(
 # spacing 2.5 A with r_max 4 A: ~15 neighbours per atom, two layers reach 8 A.
 test_mace_conformance = conformance_suite(
     FACTORY, species=SPECIES, spacing=2.5, world_sizes=WORLD_SIZES
+)
+
+# Sharded storage: each rank keeps only its owned rows (no ghost shell); mace's reads of
+# remote senders (node features, positions, system index) are routed to their owners.
+test_mace_conformance_sharded = conformance_suite(
+    FACTORY, species=SPECIES, spacing=2.5, world_sizes=WORLD_SIZES, config_kwargs={"strategy": "sharded"}
 )

@@ -1,0 +1,48 @@
+"""Evaluating mace on a rank that holds no atom rows.
+
+Under sharded storage a rank keeps only the atoms it owns, and a rank may own none: a
+slab's vacuum, a cell with fewer atom planes than ranks. It must still run the model:
+every routed read and per-system sum is a collective the other ranks wait in. mace's
+layers take zero rows, except the symmetric contraction, whose optimised einsum reshapes
+to ``(rows, -1)`` (ambiguous for zero rows). `empty_rows_guard` evaluates each
+contraction on one zero row and keeps none of it, for one forward of a rank without
+rows; other calls never enter it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from mlipdd.shard import ShardTensor, local
+
+
+def _contraction_on_no_rows(contraction):
+    original = contraction.forward
+
+    def forward(x, y):
+        if x.shape[0] != 0:
+            return original(x, y)
+        plain_x, plain_y = local(x), local(y)
+        one_x = torch.cat([plain_x, plain_x.new_zeros((1, *plain_x.shape[1:]))])
+        one_y = torch.cat([plain_y, plain_y.new_zeros((1, *plain_y.shape[1:]))])
+        out = original(one_x, one_y)[:0]
+        return ShardTensor.wrap(out, x.meta) if isinstance(x, ShardTensor) else out
+
+    return forward
+
+
+@contextlib.contextmanager
+def empty_rows_guard(model: torch.nn.Module):
+    """While active, mace's symmetric contractions accept zero rows (module docstring)."""
+    from mace.modules.symmetric_contraction import SymmetricContraction
+
+    guarded = [m for m in model.modules() if isinstance(m, SymmetricContraction)]
+    for m in guarded:
+        m.forward = _contraction_on_no_rows(m)  # an instance attribute shadows the class's
+    try:
+        yield
+    finally:
+        for m in guarded:
+            del m.forward  # back to the class's own forward

@@ -26,6 +26,8 @@ Domain decomposition: the chunks compute on this rank's plain rows, and the one 
 scatter that finishes a layer's messages is an ordinary ``index_add`` into node rows,
 which the core's dispatch turns into the usual ghost-row exchange, once per layer as in
 the plain model, so every rank issues the same collectives whatever its chunk count.
+Under sharded storage the remote senders' rows are fetched once per layer, before the
+chunks (`edge_messages`).
 
 Inference only: the custom backward is not itself differentiable, so training (which
 needs forces' gradients) runs the plain model (`MACEWrapper` falls back to it).
@@ -107,10 +109,17 @@ class EdgeChunkedMessages(torch.autograd.Function):
 
 def edge_messages(block, chunk, up, edge_attrs, edge_feats, cutoff, edge_index):
     """The summed messages on every node row, ``chunk`` edges at a time."""
+    senders = up
+    if isinstance(up, ShardTensor) and up.meta.layout.is_sharded():
+        # Sharded storage: a sender may be another rank's atom. Fetch every row the edges
+        # read ([owned | request table]) in one routed read per layer, the same collective
+        # on every rank whatever its chunk count; the chunks then index it locally.
+        table_rows = torch.arange(up.meta.plan.n_padded, device=local(up).device)
+        senders = up.index_select(0, table_rows)
     partial = EdgeChunkedMessages.apply(
-        block, chunk, _plain(up), _plain(edge_attrs), _plain(edge_feats), _plain(cutoff),
+        block, chunk, _plain(senders), _plain(edge_attrs), _plain(edge_feats), _plain(cutoff),
         _plain(edge_index[0]), _plain(edge_index[1]),
-    )
+    )[: local(up).shape[0]]  # receivers are node rows (owned ones under sharded storage)
     if not isinstance(up, ShardTensor):
         return partial
     # NOTE [one scatter per layer]: the chunks summed this rank's edges on plain rows; this

@@ -112,12 +112,15 @@ def random_mace_wrapper(chunk_atoms: int | None = None, **kwargs):
     return MACEWrapper(random_mace(**kwargs), chunk_atoms=chunk_atoms)
 
 
-def distributed_outputs_of_each(rank, world_size, model_factory, batches, compute_stress=True):
+def distributed_outputs_of_each(rank, world_size, model_factory, batches, compute_stress=True,
+                                config_kwargs=None):
     """Spawned-rank worker: `mlipdd.testing.conformance.distributed_outputs` for several
-    systems in one launch (a launch costs each rank a mace import)."""
+    systems in one launch (a launch costs each rank a mace import); ``config_kwargs`` go
+    to the `DomainConfig`."""
     from mlipdd.testing.conformance import distributed_outputs
 
-    return [distributed_outputs(rank, world_size, model_factory, b, {}, compute_stress) for b in batches]
+    return [distributed_outputs(rank, world_size, model_factory, b, config_kwargs or {}, compute_stress)
+            for b in batches]
 
 
 def example_model(path: str | None, dtype: str = "float64", device="cpu"):

@@ -172,7 +172,8 @@ def timing(args, mgr):
     step = statistics.median(times) if times else float("nan")
     _emit({"task": "time", "tag": args.tag, "model": label, "atoms": int(n_atoms), "gpus": mgr.world_size,
            "step_s": step, "atom_steps_per_s": int(n_atoms) / step if times else None,
-           "peak_GiB_per_gpu": float(peak), "status": status, **_traffic(dm, owned, mgr)})
+           "peak_GiB_per_gpu": float(peak), "status": status, **_traffic(dm, owned, mgr),
+           **_device_time(dm, owned, mgr)})
 
 
 def _traffic(dm, owned, mgr) -> dict:
@@ -188,6 +189,26 @@ def _traffic(dm, owned, mgr) -> dict:
     stats = torch.tensor([plan.n_padded / max(1, plan.n_owned), sent], device=mgr.device, dtype=torch.float64)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     return {"rows_per_owned": float(stats[0]), "MB_sent_per_step": float(stats[1]) / 1e6}
+
+
+def _device_time(dm, owned, mgr) -> dict:
+    """GPU time of one step (max over ranks): all kernels, and NCCL's alone.
+
+    NCCL kernels run on their own stream; their time is the transfer plus any wait for
+    the slower rank, so it bounds what overlapping the exchange with compute could save.
+    """
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        dm(owned)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    total = sum(e.time_range.elapsed_us() for e in kernels) / 1e3
+    nccl = sum(e.time_range.elapsed_us() for e in kernels if "nccl" in e.name.lower()) / 1e3
+    stats = torch.tensor([total, nccl], device=mgr.device, dtype=torch.float64)
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+    return {"kernel_ms_per_step": float(stats[0]), "nccl_ms_per_step": float(stats[1])}
 
 
 def report(args):
@@ -214,7 +235,7 @@ def report(args):
             markdown_table(conf, ["model", "dtype", "atoms", "gpus", "energy_rel", "forces_rel", "stress_rel"]),
             "## Scaling (random weights, float32, diamond Si; MACE medium and UMA-like eSCN-MD)", "",
             markdown_table(timed, ["tag", "model", "atoms", "gpus", "step_s", "atom_steps_per_s", "speedup", "efficiency",
-                                   "peak_GiB_per_gpu", "rows_per_owned", "MB_sent_per_step", "status"]),
+                                   "peak_GiB_per_gpu", "rows_per_owned", "MB_sent_per_step", "nccl_ms_per_step", "status"]),
             ("rows_per_owned: (owned + ghost rows) / owned rows, max over ranks. MB_sent_per_step: bytes one "
             "rank sends through all_to_all in one energy + forces call (positions, each layer's halo "
             "correction and their adjoints), max over ranks. Before the ghost fix a 2x1x1 grid also mirrored "

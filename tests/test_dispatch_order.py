@@ -31,6 +31,8 @@ from mlipdd.shard import (
 
 PINNED = [
     "op_adapter",
+    "stack_rows",
+    "unstack_rows",
     "sharded_row_count",
     "sharded_gather",
     "sharded_scatter",
@@ -119,6 +121,23 @@ def test_replicated_values_meet_rows_through_the_row_boundary_in_every_layout():
         assert rule_of(torch.einsum, "n,n->n", lam[system_of_row], x[:, 0]) is None
         assert rule_of(torch.einsum, "s,s->s", lam, torch.ones(N_SYSTEMS, dtype=torch.float64)) is None
         assert rule_of(torch.outer, x[:, 0], lam) == "row_boundary"  # any op, last
+
+
+@pytest.mark.parametrize("layout", [Halo(), Sharded()])
+def test_a_stack_of_rows_is_not_rows_along_its_new_dim(layout):
+    """NOTE [stacked rows]: stacking as many row tensors as a rank has rows must not make
+    the sum over the stack a sum over atoms (an all_reduce only that rank would issue)."""
+    meta = meta_for(layout)
+    stack = [node_rows(meta)[:, 0] + i for i in range(meta.n_padded)]  # dim 0 == the row count
+    assert rule_of(torch.stack, stack) == "stack_rows"
+    stacked = torch.stack(stack)
+    assert stacked.shape[0] == meta.n_padded and not stacked.meta.layout.rows_lead()
+    assert rule_of(torch.Tensor.sum, stacked) == "unstack_rows"  # then the rows' sum rule
+    for total in (torch.sum(stacked, dim=0), stacked.sum(0), stacked.mean(dim=0)):
+        assert total.meta == meta  # rows again (no collective: this test runs without a group)
+    assert torch.equal(torch.sum(stacked, dim=0), sum(stack))
+    assert stacked[1].meta == meta and torch.unbind(stacked)[0].meta == meta
+    assert rule_of(torch.stack, stack, 1) is None  # along dim 1 the rows stay in front
 
 
 def test_a_rule_states_its_place_or_is_refused():

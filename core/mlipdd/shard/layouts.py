@@ -11,6 +11,8 @@ A `ShardMeta` carries one layout; the dispatch picks its rules by the layout's t
   ``source`` is the row layout it was reduced from.
 * `GraphPartition`: every rank holds every row, and owns a block of them (graph
   partition strategy; the model calls `mlipdd.shard.graph_parallel` itself).
+* `Stacked`: rows of ``source`` along dim 1, under a new leading dim (``torch.stack``
+  of row tensors: mace stacks its per-layer readouts), so dim 0 is not rows.
 
 # NOTE [layouts are not policies]
 A storage policy (`mlipdd.spec.policies`) is what a model's spec asks for, in words a
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 from mlipdd.shard.exchange import ExchangePlan
 
-__all__ = ["HALO", "GraphPartition", "Halo", "Layout", "Replicated", "Sharded", "layout_for"]
+__all__ = ["HALO", "GraphPartition", "Halo", "Layout", "Replicated", "Sharded", "Stacked", "layout_for"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,10 @@ class Layout:
 
     def is_graph_partition(self) -> bool:
         return False
+
+    def rows_lead(self) -> bool:
+        """Whether dim 0 of a tensor in this layout is rows (atoms or edges)."""
+        return True
 
     def node_rows(self, plan: ExchangePlan) -> int:
         """Rows of a per-atom tensor in this layout (-1: it has none)."""
@@ -105,6 +111,20 @@ class Replicated(Layout):
 
     def is_replicated(self) -> bool:
         return True
+
+    def node_rows(self, plan: ExchangePlan) -> int:
+        return -1
+
+
+@dataclass(frozen=True)
+class Stacked(Layout):
+    """A stack of row tensors of ``source`` along a new dim 0 (NOTE [stacked rows] in
+    `mlipdd.shard.stacked`): dim 0 counts the stacked tensors, whatever its size."""
+
+    source: Layout = HALO
+
+    def rows_lead(self) -> bool:
+        return False
 
     def node_rows(self, plan: ExchangePlan) -> int:
         return -1

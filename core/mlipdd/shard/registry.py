@@ -45,6 +45,10 @@ ANY_OP = _AnyOp()  # a rule for every op (the rules that look at arguments, not 
 PRECEDENCE: list[str] = [
     # opaque custom ops (torch.library): only the spec's OpAdapter knows their rows
     "op_adapter",
+    # a stack of row tensors along a new dim 0, and the ops that take that dim away again
+    # (NOTE [stacked rows]): before every rule that reads dim 0 as rows
+    "stack_rows",
+    "unstack_rows",
     # sharded storage: owned rows only. A node scatter is tried before a per-system one
     # (the strategy refuses the layouts where the two have the same number of rows).
     "sharded_row_count",

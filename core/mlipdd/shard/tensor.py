@@ -48,7 +48,7 @@ class ShardMeta:
 
     def row_kind(self, rows: int) -> str:
         """``node`` (per-atom rows of this layout), ``edge`` (unique rows) or ``other``."""
-        if self.layout.is_replicated():
+        if self.layout.is_replicated() or not self.layout.rows_lead():
             return "other"
         if rows == self.n_padded:
             return "node"

@@ -1,4 +1,5 @@
-"""Langevin MD of MACE under `DomainParallel` on 2 and 4 spawned ranks equals one process.
+"""Langevin MD of MACE under `DomainParallel` on 2 and 4 spawned ranks (halo storage) and
+3 ranks (sharded storage) equals one process.
 
 A random-weight MACE (float64, two interaction layers, H/C/O) drives a hot, skewed
 periodic cell of 27 atoms for 100 BAOAB steps. The Verlet skin is small and the light
@@ -104,11 +105,11 @@ def owner_changes(histories: list[list[torch.Tensor]]) -> int:
     return changes
 
 
-def _distributed_run(rank, world_size):
+def _distributed_run(rank, world_size, strategy):
     frames, owners = Frames(), Owners()
     # RANK_ZERO thermo log: Langevin's conserved energy (bath ledger) on the gathered view
     thermo = ThermoLogger(io.StringIO(), frequency=25)
-    config = DomainConfig(cutoff=R_MAX, skin=SKIN)
+    config = DomainConfig(cutoff=R_MAX, skin=SKIN, strategy=strategy)
     hooks = [frames, owners, (thermo, HookScope.RANK_ZERO)]
     with DomainParallel(langevin(), config, N_STEPS, hooks=hooks) as dp:
         dp.partition(starting_system() if rank == 0 else None)
@@ -131,9 +132,9 @@ def single_process_run() -> tuple[dict, list[dict]]:
     return frames.frames, thermo.records
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_langevin_trajectory_equals_one_process(world_size):
-    results = run_ranks(_distributed_run, world_size, timeout=600)
+@pytest.mark.parametrize(("strategy", "world_size"), [("halo", 2), ("halo", 4), ("sharded", 3)])
+def test_langevin_trajectory_equals_one_process(strategy, world_size):
+    results = run_ranks(_distributed_run, world_size, strategy, timeout=600)
     expected, expected_thermo = single_process_run()
     frames = results[0]["frames"]
     assert sorted(frames) == sorted(expected) == [0, 25, 50, 75, 100]

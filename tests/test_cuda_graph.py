@@ -126,22 +126,47 @@ def test_cuda_graph_refused_on_every_rank_of_two():
         assert message is not None and "ONE rank" in message and "cuda_graph=False" in message
 
 
-# ---- CUDA: graphed == eager ----------------------------------------------------------------
+# ---- graphed == eager: on CUDA, and the same bookkeeping on CPU ----------------------------
 
 
-def _nve_graphed_vs_eager(model, batch, steps, dt, skin, stress_every=0, tol=1e-4):
-    """Velocity Verlet on the eager forces; at every step the graphed DistributedModel
-    gets the same positions and must agree. Returns (rebuilds, captures, max force diff)."""
+class EagerReplay(GraphedForceCall):
+    """GraphedForceCall with the capture replaced by an eager call on the static inputs
+    whose results are written into the recorded output tensors, as a graph replay does:
+    every piece of its bookkeeping (trimming, buffers, null edges, recapture) runs on CPU."""
+
+    def _check(self, batch):
+        pass
+
+    def _record(self, inputs, compute_stress):
+        outputs = self.call(inputs.batch, compute_stress)
+
+        def replay():
+            for name, value in self.call(inputs.batch, compute_stress).items():
+                outputs[name].copy_(value)
+
+        return replay, outputs
+
+
+def _graphed_pair(model, skin, device):
+    """An eager and a graphed 1-rank DistributedModel (on CPU: graphed by `EagerReplay`)."""
     config = {"cutoff": model.cutoff, "skin": skin}
     eager = DistributedModel(model, DomainConfig(**config))
     graphed = DistributedModel(model, DomainConfig(**config, cuda_graph=True))
-    owned = eager.partition(batch, device="cuda")
-    mirror = graphed.partition(batch, device="cuda")
+    if device == "cpu":
+        graphed._graphed = EagerReplay(graphed._call_model, trim_to=graphed._graphed.trim_to)
+    return eager, graphed
+
+
+def _nve_graphed_vs_eager(model, batch, steps, dt, skin, stress_every=0, tol=1e-4, device="cuda"):
+    """Velocity Verlet on the eager forces; at every step the graphed DistributedModel
+    gets the same positions and must agree. Returns (rebuilds, captures, max force diff)."""
+    eager, graphed = _graphed_pair(model, skin, device)
+    owned = eager.partition(batch, device=device)
+    mirror = graphed.partition(batch, device=device)
     generator = torch.Generator().manual_seed(1)
     velocities = (0.02 * torch.randn(owned.positions.shape, generator=generator, dtype=torch.float64)).to(
         device=owned.positions.device, dtype=owned.positions.dtype)
     worst = 0.0
-    forces = None
     for step in range(steps):
         stress = bool(stress_every) and step % stress_every == 0
         mirror.node["positions"] = owned.positions.clone()
@@ -152,40 +177,59 @@ def _nve_graphed_vs_eager(model, batch, steps, dt, skin, stress_every=0, tol=1e-
         diff = float((a["forces"] - b["forces"]).abs().max())
         worst = max(worst, diff / scale)
         torch.testing.assert_close(b["energy"], a["energy"], rtol=tol, atol=tol * abs(float(a["energy"][0])))
+        torch.testing.assert_close(b["energies"], a["energies"], rtol=tol, atol=tol * abs(float(a["energy"][0])))
         if stress:
             torch.testing.assert_close(b["stress"], a["stress"], rtol=tol, atol=tol * float(a["stress"].abs().max()))
         assert diff <= tol * scale, (step, diff, scale)
-        forces = a["forces"]
-        velocities = velocities + dt * forces
+        velocities = velocities + dt * a["forces"]
         owned.node["positions"] = owned.positions + dt * velocities
     return eager.strategy.rebuilds, graphed.cuda_graph_captures, worst
 
 
-@needs_cuda
-def test_cuda_graph_lj_md_matches_eager_across_rebuilds():
+def _lj_md(device):
     """Float64 LJ on a hot triclinic box: many list rebuilds, one capture (the rebuilt lists
     are copied into the graph's buffers); a stress every few calls keeps a second graph."""
-    model = lj().to("cuda")
+    model = lj().to(device)
     batch = triclinic(species=(18, 36))
-    rebuilds, captures, _ = _nve_graphed_vs_eager(model, batch, steps=40, dt=0.2, skin=0.3, tol=1e-10)
+    rebuilds, captures, _ = _nve_graphed_vs_eager(model, batch, steps=40, dt=0.2, skin=0.3, tol=1e-10,
+                                                  device=device)
     assert rebuilds >= 4 and captures == 1, (rebuilds, captures)
-    _, captures, _ = _nve_graphed_vs_eager(model, batch, steps=8, dt=0.2, skin=0.3, stress_every=3, tol=1e-10)
+    _, captures, _ = _nve_graphed_vs_eager(model, batch, steps=8, dt=0.2, skin=0.3, stress_every=3, tol=1e-10,
+                                           device=device)
     assert captures == 2  # one graph with stress, one without, each kept
+
+
+def _recapture(device):
+    """Squeezing the box 1.5% keeps the graph (10% headroom); 20% doubles the edges: one
+    new capture, still equal to eager."""
+    model = lj().to(device)
+    batch = small_cell(species=(18, 36), reps=3)
+    eager, graphed = _graphed_pair(model, 0.5, device)
+    owned, mirror = eager.partition(batch, device=device), graphed.partition(batch, device=device)
+    for squeeze in (1.0, 0.985, 0.8):
+        for b in (owned, mirror):
+            b.system["cell"] = batch.cell.to(device) * squeeze
+            b.node["positions"] = (batch.positions.to(device) * squeeze)[b.atom_ids]
+        a, g = eager(owned, compute_stress=True), graphed(mirror, compute_stress=True)
+        for key in ("energy", "forces", "stress"):
+            torch.testing.assert_close(g[key], a[key], rtol=1e-10, atol=1e-12, msg=key)
+        assert graphed.cuda_graph_captures == (1 if squeeze > 0.9 else 2), squeeze
+    assert eager.strategy.rebuilds == 3
+
+
+def test_graph_bookkeeping_lj_md_matches_eager_on_cpu():
+    _lj_md("cpu")
+
+
+def test_graph_bookkeeping_recaptures_on_cpu():
+    _recapture("cpu")
+
+
+@needs_cuda
+def test_cuda_graph_lj_md_matches_eager_across_rebuilds():
+    _lj_md("cuda")
 
 
 @needs_cuda
 def test_cuda_graph_recaptures_when_edges_outgrow_the_buffers():
-    model = lj().to("cuda")
-    batch = small_cell(species=(18, 36), reps=3)
-    eager = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=0.5))
-    graphed = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=0.5, cuda_graph=True))
-    owned, mirror = eager.partition(batch, device="cuda"), graphed.partition(batch, device="cuda")
-    for squeeze in (1.0, 0.97, 0.8):  # 0.8: ~2x the edges, past the 1.2x headroom
-        for b in (owned, mirror):
-            b.system["cell"] = batch.cell.to("cuda") * squeeze
-            b.node["positions"] = (batch.positions.to("cuda") * squeeze)[b.atom_ids]
-        a, g = eager(owned, compute_stress=True), graphed(mirror, compute_stress=True)
-        for key in ("energy", "forces", "stress"):
-            torch.testing.assert_close(g[key], a[key], rtol=1e-10, atol=1e-12, msg=key)
-    assert graphed.cuda_graph_captures == 2
-    assert graphed._graphed.capacity >= graphed.strategy.state.neighbors.num_edges
+    _recapture("cuda")

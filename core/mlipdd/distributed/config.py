@@ -30,10 +30,10 @@ class DomainConfig:
     ``cuda_graph``: at ONE rank on a CUDA device, capture the model's whole force call
     (forward and force backward) once in a CUDA graph and replay it every call, which
     removes the per-kernel launch cost that dominates small systems (about 900 launches
-    for a medium MACE). Neighbour-list rebuilds refill the graph's edge buffers, padded
-    with zero-weight "null" edges; it is captured again only when the atom count, the
-    stress flag or the atomic numbers change or the edges outgrow the buffers
-    (`mlipdd.distributed.cuda_graph`). The model must give zero weight to an edge longer
+    for a medium MACE). Each call copies the edges within ``cutoff`` into the graph's
+    edge buffers (10% headroom), padded with zero-weight "null" edges; it is captured
+    again only when the atom count, the stress flag or the atomic numbers change or the
+    edges outgrow the buffers (`mlipdd.distributed.cuda_graph`). The model must give zero weight to an edge longer
     than its cutoff (every model here does; a list built with a skin needs it anyway)
     and must not read the device on the host inside its forward. Refused with more than
     one rank, on CPU tensors, and with a strategy other than ``"halo"``."""

@@ -16,11 +16,14 @@ and refreshed in place before each replay.
   captured (an element check, a one-hot table), so a change of their values means a new
   capture. Checking costs a host read only when the caller hands in a different tensor
   (at one rank: after a neighbour-list rebuild, which reads the host anyway);
-* the neighbour list lives in buffers of a fixed CAPACITY of edges, see NOTE [null edges].
+* the neighbour list lives in buffers of a fixed CAPACITY of edges, see NOTE [null edges];
+  with ``trim_to`` only the edges within the model's cutoff go in, chosen anew each call
+  (a Verlet list's skin edges would otherwise cost the graph a third more edge work).
 
 A new capture happens when the atom count, the stress flag, a dtype or the set of fields
-changes, when the structure above changes, or when a list outgrows the capacity (the
-new capacity is ``headroom`` times its edges). Nothing else recaptures.
+changes, when the structure above changes, or when the edges outgrow the capacity (the
+new capacity is ``headroom`` times their number). Nothing else recaptures; one graph is
+kept for each value of the stress flag.
 
 # NOTE [null edges]
 A neighbour-list rebuild changes the number of edges, but a graph cannot. The edges
@@ -56,9 +59,11 @@ import torch
 from mlipdd.data import Batch, InputError
 from mlipdd.neighbors import NeighborList
 
-__all__ = ["GraphedForceCall", "StaticInputs", "fill_edges", "null_shifts", "pad_with_null_edges"]
+__all__ = ["GraphedForceCall", "StaticInputs", "edges_within", "fill_edges", "null_edges", "null_shifts",
+           "pad_with_null_edges"]
 
 ForceCall = Callable[[Batch, bool], dict]
+TRIM_MARGIN = 1e-3  # A: rounding may put an edge the model counts a hair past its cutoff
 
 
 class GraphedForceCall:
@@ -72,14 +77,23 @@ class GraphedForceCall:
     the stress every few steps does not recapture). ``captures`` counts captures,
     ``replays`` calls; ``capacity`` is the edge capacity of the graph used last. See the
     module docstring for what recaptures.
+
+    ``trim_to``: a list built with a Verlet skin holds edges up to cutoff + skin, a third
+    more than the model weighs at a 6 A cutoff plus 0.5 A skin; the graph would compute
+    them all (it cannot filter: its shapes are fixed). With ``trim_to=cutoff`` every call
+    first keeps the edges shorter than ``cutoff`` (plus a rounding margin of
+    ``TRIM_MARGIN``) at the current positions, at the price of one host read (their
+    count) and a dozen small kernels; the edges dropped weigh zero in the model anyway.
+    ``headroom``: edge capacity of a new graph / the edges it was captured with.
     """
 
-    def __init__(self, call: ForceCall, headroom: float = 1.2, warmup: int = 2):
+    def __init__(self, call: ForceCall, headroom: float = 1.1, warmup: int = 2, trim_to: float | None = None):
         if not headroom >= 1.0:
             raise InputError(f"headroom must be >= 1 (edge capacity / edges at capture), got {headroom}")
         self.call = call
         self.headroom = float(headroom)
         self.warmup = int(warmup)
+        self.trim_to = None if trim_to is None else float(trim_to)
         self.captures = 0
         self.replays = 0
         self._graphs: dict[bool, _Captured] = {}
@@ -90,14 +104,16 @@ class GraphedForceCall:
         return 0 if self._last is None else self._last.inputs.capacity
 
     def __call__(self, batch: Batch, compute_stress: bool = False) -> dict:
-        check_graphable(batch)
+        self._check(batch)
         compute_stress = bool(compute_stress)
+        if self.trim_to is not None:
+            batch = _with_neighbors(batch, edges_within(batch.neighbors, batch, self.trim_to + TRIM_MARGIN))
         captured = self._graphs.get(compute_stress)
         if captured is None or not captured.inputs.holds(batch, compute_stress):
             captured = self._capture(batch, compute_stress)
         else:
             captured.inputs.load(batch)
-        captured.graph.replay()
+        captured.replay()
         self.replays += 1
         self._last = captured
         return {name: value.clone() if torch.is_tensor(value) else value
@@ -114,6 +130,17 @@ class GraphedForceCall:
         edges = batch.neighbors.num_edges
         capacity = max(math.ceil(self.headroom * edges), edges + 16)
         inputs = StaticInputs(batch, compute_stress, capacity)
+        replay, outputs = self._record(inputs, compute_stress)
+        captured = _Captured(replay, inputs, dict(outputs))
+        self._graphs[compute_stress] = captured
+        self.captures += 1
+        return captured
+
+    def _check(self, batch: Batch) -> None:
+        check_graphable(batch)
+
+    def _record(self, inputs: StaticInputs, compute_stress: bool) -> tuple[Callable[[], None], dict]:
+        """Warm up, capture ``call`` on the static inputs; returns (replay, the graph's outputs)."""
         device = inputs.batch.device
         # warm-up on a side stream (lazy initialisation of libraries and autograd, the
         # wrapper's own one-off checks and caches), then the capture itself
@@ -134,15 +161,12 @@ class GraphedForceCall:
                 "skip host reads while torch.cuda.is_current_stream_capturing(), or run with "
                 "DomainConfig(cuda_graph=False)"
             ) from error
-        captured = _Captured(graph, inputs, dict(outputs))
-        self._graphs[compute_stress] = captured
-        self.captures += 1
-        return captured
+        return graph.replay, outputs
 
 
 @dataclass
 class _Captured:
-    graph: object  # torch.cuda.CUDAGraph
+    replay: Callable[[], None]  # a CUDA graph's replay
     inputs: StaticInputs
     outputs: dict  # the graph's own output tensors, rewritten by every replay
 
@@ -204,7 +228,9 @@ class StaticInputs:
         object.__setattr__(self.batch, "_counts", counts)
         object.__setattr__(self.batch, "_ptr", torch.cat([counts.new_zeros(1), counts.cumsum(0)]))
         _check_cells(self.batch.cell)
-        self.batch.neighbors = pad_with_null_edges(source, self.batch, self.capacity)
+        self._null = null_edges(self.capacity, self.batch.cell, self.batch.batch, self.reach, source)
+        self.batch.neighbors = NeighborList(self._null.edge_index.clone(), self._null.unit_shifts.clone(),
+                                            source.cutoff, source.full_list)
         # tensors last seen per structural field / cell / list, to skip checks while they hold
         self._seen: dict[tuple[str, str], tuple[torch.Tensor, int]] = {}
         self._list_source: NeighborList | None = None
@@ -244,17 +270,19 @@ class StaticInputs:
                 if torch.is_tensor(value) and value.is_floating_point():
                     mine[name].copy_(value.detach())
         cell = batch.cell
-        if batch.neighbors is not self._list_source or not _unchanged(self._cell_seen, cell):
+        if not _unchanged(self._cell_seen, cell):  # null edges are as long as the cell is
             static = self.batch
-            fill_edges(static.neighbors, batch.neighbors, static.cell, static.batch, self.reach)
-            self._list_source = batch.neighbors
+            self._null = null_edges(self.capacity, static.cell, static.batch, self.reach, static.neighbors)
             self._cell_seen = (cell, cell._version)
+            self._list_source = None
+        if batch.neighbors is not self._list_source:
+            fill_edges(self.batch.neighbors, batch.neighbors, self._null)
+            self._list_source = batch.neighbors
 
 
-def fill_edges(target: NeighborList, source: NeighborList, cell: torch.Tensor,
-               system_of_atom: torch.Tensor, reach: float) -> None:
+def fill_edges(target: NeighborList, source: NeighborList, null: NeighborList) -> None:
     """Copy ``source``'s edges into the first slots of ``target`` (fixed-size buffers) and
-    fill the rest with null edges longer than ``reach`` (NOTE [null edges]).
+    the null edges of the same slots of ``null`` into the rest (NOTE [null edges]).
 
     Device work only, no host read: safe between replays."""
     edges, capacity = source.num_edges, target.num_edges
@@ -263,12 +291,21 @@ def fill_edges(target: NeighborList, source: NeighborList, cell: torch.Tensor,
     with torch.no_grad():
         target.edge_index[:, :edges].copy_(source.edge_index)
         target.unit_shifts[:edges].copy_(source.unit_shifts)
-        if edges == capacity:
-            return
-        atom = torch.arange(capacity - edges, device=target.edge_index.device) % system_of_atom.shape[0]
-        target.edge_index[:, edges:].copy_(atom.expand(2, -1))
-        shifts = null_shifts(cell.detach(), reach).to(target.unit_shifts.dtype)
-        target.unit_shifts[edges:].copy_(shifts[system_of_atom[atom]])
+        if edges < capacity:
+            target.edge_index[:, edges:].copy_(null.edge_index[:, edges:])
+            target.unit_shifts[edges:].copy_(null.unit_shifts[edges:])
+
+
+def null_edges(capacity: int, cell: torch.Tensor, system_of_atom: torch.Tensor, reach: float,
+               like: NeighborList) -> NeighborList:
+    """``capacity`` null edges: slot k joins atom ``k mod n_atoms`` to its own image
+    ``null_shifts`` away, longer than ``reach`` (dtypes and device of ``like``)."""
+    device = like.edge_index.device
+    with torch.no_grad():
+        atom = torch.arange(int(capacity), device=device) % system_of_atom.shape[0]
+        shifts = null_shifts(cell.detach(), reach)[system_of_atom[atom]]
+    return NeighborList(atom.expand(2, -1).to(like.edge_index.dtype).contiguous(),
+                        shifts.to(like.unit_shifts.dtype), like.cutoff, like.full_list)
 
 
 def pad_with_null_edges(source: NeighborList, batch: Batch, capacity: int,
@@ -276,15 +313,20 @@ def pad_with_null_edges(source: NeighborList, batch: Batch, capacity: int,
     """A new list: ``source``'s edges, then null edges up to ``capacity`` (what a graph's
     buffers hold); ``reach`` defaults to the radius ``source`` was built with."""
     reach = float(source.cutoff if reach is None else reach)
-    device = source.edge_index.device
-    target = NeighborList(
-        torch.zeros((2, int(capacity)), dtype=source.edge_index.dtype, device=device),
-        torch.zeros((int(capacity), 3), dtype=source.unit_shifts.dtype, device=device),
-        source.cutoff,
-        source.full_list,
-    )
-    fill_edges(target, source, batch.cell, batch.batch, reach)
+    null = null_edges(capacity, batch.cell, batch.batch, reach, source)
+    target = NeighborList(null.edge_index.clone(), null.unit_shifts.clone(), source.cutoff, source.full_list)
+    fill_edges(target, source, null)
     return target
+
+
+def edges_within(neighbors: NeighborList, batch: Batch, radius: float) -> NeighborList:
+    """The edges of ``neighbors`` shorter than ``radius`` at ``batch``'s positions now, in
+    their order. One host read (how many), and a handful of kernels."""
+    with torch.no_grad():
+        vectors = neighbors.edge_vectors(batch.positions.detach(), batch.cell.detach(), batch.batch)
+        index = ((vectors * vectors).sum(dim=1) < radius * radius).nonzero().squeeze(1)
+    return NeighborList(neighbors.edge_index.index_select(1, index), neighbors.unit_shifts.index_select(0, index),
+                        neighbors.cutoff, neighbors.full_list)
 
 
 def null_shifts(cell: torch.Tensor, reach: float) -> torch.Tensor:
@@ -311,6 +353,12 @@ def _describe(value) -> tuple:
     if isinstance(value, (int, float, str, bool, type(None))):
         return ("value", value)
     return ("object", id(value))
+
+
+def _with_neighbors(batch: Batch, neighbors: NeighborList) -> Batch:
+    view = Batch._from_dicts(dict(batch.node), dict(batch.system))
+    view.neighbors = neighbors
+    return view
 
 
 def _unchanged(seen: tuple[torch.Tensor, int] | None, value: torch.Tensor) -> bool:

@@ -79,7 +79,10 @@ class DistributedModel(nn.Module):
                     f"{self.strategy.world_size} ranks (their halo exchanges are not captured): "
                     "leave cuda_graph=False with several ranks"
                 )
-            self._graphed = GraphedForceCall(self._call_model)
+            # the list reaches cutoff + skin; each call hands the graph only the edges within
+            # the cutoff (the rest weigh zero), so the graph does the bare model's work
+            trim = config.cutoff if config.skin > 0 else None
+            self._graphed = GraphedForceCall(self._call_model, trim_to=trim)
 
     @property
     def cutoff(self) -> float:

@@ -187,16 +187,20 @@ def _nve_graphed_vs_eager(model, batch, steps, dt, skin, stress_every=0, tol=1e-
 
 
 def _lj_md(device):
-    """Float64 LJ on a hot triclinic box: many list rebuilds, one capture (the rebuilt lists
-    are copied into the graph's buffers); a stress every few calls keeps a second graph."""
+    """Float64 LJ on a hot triclinic box: many list rebuilds, one capture (each call's
+    edges are copied into the graph's buffers)."""
     model = lj().to(device)
-    batch = triclinic(species=(18, 36))
-    rebuilds, captures, _ = _nve_graphed_vs_eager(model, batch, steps=40, dt=0.2, skin=0.3, tol=1e-10,
-                                                  device=device)
+    rebuilds, captures, _ = _nve_graphed_vs_eager(model, triclinic(species=(18, 36)), steps=40, dt=0.2, skin=0.3,
+                                                  tol=1e-10, device=device)
     assert rebuilds >= 4 and captures == 1, (rebuilds, captures)
-    _, captures, _ = _nve_graphed_vs_eager(model, batch, steps=8, dt=0.2, skin=0.3, stress_every=3, tol=1e-10,
-                                           device=device)
-    assert captures == 2  # one graph with stress, one without, each kept
+
+
+def _lj_md_stress(device):
+    """A stress every third call: two graphs (with and without), each kept."""
+    model = lj().to(device)
+    _, captures, _ = _nve_graphed_vs_eager(model, two_systems(species=(18, 36)), steps=8, dt=0.2, skin=0.3,
+                                           stress_every=3, tol=1e-10, device=device)
+    assert captures == 2, captures
 
 
 def _recapture(device):
@@ -225,9 +229,18 @@ def test_graph_bookkeeping_recaptures_on_cpu():
     _recapture("cpu")
 
 
+def test_graph_bookkeeping_stress_two_systems_on_cpu():
+    _lj_md_stress("cpu")
+
+
 @needs_cuda
 def test_cuda_graph_lj_md_matches_eager_across_rebuilds():
     _lj_md("cuda")
+
+
+@needs_cuda
+def test_cuda_graph_lj_stress_two_systems():
+    _lj_md_stress("cuda")
 
 
 @needs_cuda

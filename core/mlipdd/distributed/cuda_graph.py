@@ -87,7 +87,7 @@ class GraphedForceCall:
     ``headroom``: edge capacity of a new graph / the edges it was captured with.
     """
 
-    def __init__(self, call: ForceCall, headroom: float = 1.1, warmup: int = 2, trim_to: float | None = None):
+    def __init__(self, call: ForceCall, headroom: float = 1.1, warmup: int = 3, trim_to: float | None = None):
         if not headroom >= 1.0:
             raise InputError(f"headroom must be >= 1 (edge capacity / edges at capture), got {headroom}")
         self.call = call
@@ -230,7 +230,7 @@ class StaticInputs:
         _check_cells(self.batch.cell)
         self._null = null_edges(self.capacity, self.batch.cell, self.batch.batch, self.reach, source)
         self.batch.neighbors = NeighborList(self._null.edge_index.clone(), self._null.unit_shifts.clone(),
-                                            source.cutoff, source.full_list)
+                                            source.cutoff, source.full_list, padded=True)
         # tensors last seen per structural field / cell / list, to skip checks while they hold
         self._seen: dict[tuple[str, str], tuple[torch.Tensor, int]] = {}
         self._list_source: NeighborList | None = None
@@ -305,7 +305,7 @@ def null_edges(capacity: int, cell: torch.Tensor, system_of_atom: torch.Tensor, 
         atom = torch.arange(int(capacity), device=device) % system_of_atom.shape[0]
         shifts = null_shifts(cell.detach(), reach)[system_of_atom[atom]]
     return NeighborList(atom.expand(2, -1).to(like.edge_index.dtype).contiguous(),
-                        shifts.to(like.unit_shifts.dtype), like.cutoff, like.full_list)
+                        shifts.to(like.unit_shifts.dtype), like.cutoff, like.full_list, padded=True)
 
 
 def pad_with_null_edges(source: NeighborList, batch: Batch, capacity: int,
@@ -314,7 +314,8 @@ def pad_with_null_edges(source: NeighborList, batch: Batch, capacity: int,
     buffers hold); ``reach`` defaults to the radius ``source`` was built with."""
     reach = float(source.cutoff if reach is None else reach)
     null = null_edges(capacity, batch.cell, batch.batch, reach, source)
-    target = NeighborList(null.edge_index.clone(), null.unit_shifts.clone(), source.cutoff, source.full_list)
+    target = NeighborList(null.edge_index.clone(), null.unit_shifts.clone(), source.cutoff, source.full_list,
+                          padded=True)
     fill_edges(target, source, null)
     return target
 

@@ -136,9 +136,9 @@ def mace_inputs(
     neighbors = neighbor_list_for(batch, cutoff)
     edge_index = neighbors.edge_index.to(device=positions.device, dtype=torch.long)
     unit_shifts = neighbors.unit_shifts.to(device=positions.device, dtype=dtype)
-    # while a CUDA graph is captured nothing may be read on the host: every edge is kept,
-    # those past r_max (the skin's, the graph's null padding edges) weigh zero (_built_within)
-    if not _built_within(neighbors, cutoff) and not capturing(positions):
+    # a CUDA graph's list (padded: fixed size, null edges in its unused slots) and anything
+    # under a capture (no host reads then) keep every edge: those past r_max weigh zero
+    if not (_built_within(neighbors, cutoff) or getattr(neighbors, "padded", False) or capturing(positions)):
         edge_index, unit_shifts = edges_within_cutoff(
             positions, edge_index, unit_shifts, cell, system_of_atom, cutoff
         )

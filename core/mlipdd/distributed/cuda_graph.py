@@ -40,12 +40,16 @@ which is 0 beyond ``r_max`` (`mlipdd_mace.graph`). Null edges are spread over th
 Nothing inside the captured call may read the device on the host (``.item()``,
 ``bool(t)``, ``bincount`` on CUDA, boolean-mask indexing): CUDA refuses it while a stream
 is capturing. `StaticInputs` gives the model a batch whose ``ptr`` is precomputed (the
-default one counts atoms with ``bincount``); a wrapper that filters edges or checks
-inputs on the host must skip that while ``torch.cuda.is_current_stream_capturing()``
-(the MACE wrapper does, see `mlipdd_mace.graph`). The warm-up calls before the capture
-run eagerly, so such checks still run once per capture. A wrapper that caches a device
-tensor derived from its inputs must not drop it while a graph that read it lives:
-compute it inside the captured call instead.
+default one counts atoms with ``bincount``) and whose list is marked ``padded`` (a model
+keeps every edge of it, so there is nothing to filter, and the warm-up runs the very
+shapes the capture records). A wrapper that checks its inputs on the host skips that
+while `mlipdd.models.capturing` (the MACE and LJ wrappers do); the warm-up calls before
+the capture run eagerly, so such checks still run once per capture. A wrapper that
+caches a device tensor derived from its inputs must not drop it while a graph that read
+it lives: compute it inside the captured call instead (as `mlipdd_mace.graph` does).
+
+Memory: a graph keeps the working memory of its call (activations of the forward and
+backward) allocated for as long as it lives, and one is kept per stress flag.
 """
 
 from __future__ import annotations
@@ -197,11 +201,13 @@ class _FixedLayoutBatch(Batch):
 
     @property
     def ptr(self) -> torch.Tensor:
-        return self.__dict__["_ptr"]
+        fixed = self.__dict__.get("_ptr")  # absent on a copy (.to, .clone): counted again
+        return fixed if fixed is not None else Batch.ptr.fget(self)
 
     @property
     def atoms_per_system(self) -> torch.Tensor:
-        return self.__dict__["_counts"]
+        fixed = self.__dict__.get("_counts")
+        return fixed if fixed is not None else Batch.atoms_per_system.fget(self)
 
 
 class StaticInputs:

@@ -102,6 +102,7 @@ def measure(n, repeats, profile, modes, device="cuda"):
         dm = models.get(name)
         rows.append({"atoms": batch.num_atoms, "edges": batch.neighbors.num_edges, "mode": name, "ms": ms,
                      "ratio": ms / base, "captures": dm.cuda_graph_captures if dm is not None else "",
+                     "graph_edges": dm._graphed.capacity if dm is not None and dm._graphed is not None else "",
                      "first_ms": first_ms[name]})
     rows += [{"atoms": batch.num_atoms, "mode": name, "ms": "failed", "captures": why} for name, why in failed.items()]
     if profile:
@@ -165,10 +166,11 @@ def main(argv=None):
         for row in rows[-len(modes):]:
             print(row, flush=True)
     table = write_results(args.name, "Medium MACE, small systems, one GPU: mlipdd 1 rank vs bare mace",
-                          rows, ["atoms", "edges", "mode", "ms", "ratio", "captures", "first_ms"],
+                          rows, ["atoms", "edges", "mode", "ms", "ratio", "captures", "graph_edges", "first_ms"],
                           notes=f"{args.machine}\n\nmedian of {args.repeats} interleaved rounds (each the median of 3 "
                                 "calls); float32, diamond Si, random weights; ratio = ms / bare ms; edges: "
-                                "the r_max list; captures: CUDA-graph captures in the whole run; first_ms: "
+                                "the r_max list; captures: CUDA-graph captures in the whole run; graph_edges: the "
+                                "graph's edge slots (edges within the cutoff + 10% null edges); first_ms: "
                                 "first call (rebuild, warm-up and capture).")
     print(table)
 

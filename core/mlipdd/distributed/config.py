@@ -33,10 +33,11 @@ class DomainConfig:
     for a medium MACE). Each call copies the edges within ``cutoff`` into the graph's
     edge buffers (10% headroom), padded with zero-weight "null" edges; it is captured
     again only when the atom count, the stress flag or the atomic numbers change or the
-    edges outgrow the buffers (`mlipdd.distributed.cuda_graph`). The model must give zero weight to an edge longer
-    than its cutoff (every model here does; a list built with a skin needs it anyway)
-    and must not read the device on the host inside its forward. Refused with more than
-    one rank, on CPU tensors, and with a strategy other than ``"halo"``."""
+    edges outgrow the buffers (`mlipdd.distributed.cuda_graph`). The model must give
+    zero weight to an edge longer than its cutoff (every model here does; a list built
+    with a skin needs it anyway) and must not read the device on the host inside its
+    forward. Refused with more than one rank, on CPU tensors, and with a strategy other
+    than ``"halo"``."""
 
     cutoff: float
     skin: float = 0.5

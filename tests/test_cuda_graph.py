@@ -12,6 +12,7 @@ from mlipdd.lattices import silicon_diamond
 from mlipdd.models.lj import LennardJones
 from mlipdd.neighbors import attach_neighbors
 from mlipdd.testing import run_ranks
+from mlipdd.testing.graph_replay import with_eager_replay
 from mlipdd.testing.systems import slab, small_cell, triclinic, two_systems
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -126,25 +127,7 @@ def test_cuda_graph_refused_on_every_rank_of_two():
         assert message is not None and "ONE rank" in message and "cuda_graph=False" in message
 
 
-# ---- graphed == eager: on CUDA, and the same bookkeeping on CPU ----------------------------
-
-
-class EagerReplay(GraphedForceCall):
-    """GraphedForceCall with the capture replaced by an eager call on the static inputs
-    whose results are written into the recorded output tensors, as a graph replay does:
-    every piece of its bookkeeping (trimming, buffers, null edges, recapture) runs on CPU."""
-
-    def _check(self, batch):
-        pass
-
-    def _record(self, inputs, compute_stress):
-        outputs = self.call(inputs.batch, compute_stress)
-
-        def replay():
-            for name, value in self.call(inputs.batch, compute_stress).items():
-                outputs[name].copy_(value)
-
-        return replay, outputs
+# ---- graphed == eager: on CUDA, and the same bookkeeping on CPU (EagerReplay) -------------
 
 
 def _graphed_pair(model, skin, device):
@@ -153,7 +136,7 @@ def _graphed_pair(model, skin, device):
     eager = DistributedModel(model, DomainConfig(**config))
     graphed = DistributedModel(model, DomainConfig(**config, cuda_graph=True))
     if device == "cpu":
-        graphed._graphed = EagerReplay(graphed._call_model, trim_to=graphed._graphed.trim_to)
+        with_eager_replay(graphed)  # everything but the capture itself
     return eager, graphed
 
 

@@ -11,6 +11,7 @@ from mlipdd.data import Batch
 from mlipdd.distributed import DistributedModel, DomainConfig
 from mlipdd.distributed.cuda_graph import pad_with_null_edges
 from mlipdd.neighbors import attach_neighbors
+from mlipdd.testing.graph_replay import with_eager_replay
 from mlipdd_mace.testing import random_mace
 from mlipdd_mace.wrapper import MACEWrapper
 
@@ -51,14 +52,16 @@ def _diamond(reps=(2, 2, 2)):
     return atoms
 
 
-def md_graphed_vs_eager(dtype, steps, dt, stress_every=0, graph=True, device="cuda"):
+def md_graphed_vs_eager(dtype, steps, dt, stress_every=0, device="cuda"):
     """Velocity Verlet on the eager forces of a 1-rank DistributedModel; at every step a
-    second one (``graph``: replayed from a CUDA graph) gets the same positions. Returns
+    second one, replayed from a CUDA graph (on CPU: `EagerReplay`), gets the same positions. Returns
     (rebuilds, captures, worst relative force difference, worst energy difference / atom)."""
     model = MACEWrapper(random_mace(elements=ELEMENTS, r_max=R_MAX, dtype=dtype, seed=1)).to(device)
     batch = Batch.from_ase(_diamond(), dtype=dtype)
     eager = DistributedModel(model, DomainConfig(cutoff=R_MAX, skin=SKIN))
-    graphed = DistributedModel(model, DomainConfig(cutoff=R_MAX, skin=SKIN, cuda_graph=graph))
+    graphed = DistributedModel(model, DomainConfig(cutoff=R_MAX, skin=SKIN, cuda_graph=True))
+    if device == "cpu":
+        with_eager_replay(graphed)  # everything but the capture: padded lists, null edges, trimming
     owned, mirror = eager.partition(batch, device=device), graphed.partition(batch, device=device)
     generator = torch.Generator().manual_seed(2)
     velocities = (0.03 * torch.randn(owned.positions.shape, generator=generator)).to(device, dtype)
@@ -77,6 +80,15 @@ def md_graphed_vs_eager(dtype, steps, dt, stress_every=0, graph=True, device="cu
         velocities = velocities + dt * a["forces"]
         owned.node["positions"] = owned.positions + dt * velocities
     return eager.strategy.rebuilds, graphed.cuda_graph_captures, worst_force, worst_energy
+
+
+def test_graph_bookkeeping_mace_md_on_cpu():
+    """The graphed path minus the capture, on CPU: mace keeps every edge of the padded list
+    (null edges included) and still equals eager, with and without stress."""
+    rebuilds, captures, force, energy = md_graphed_vs_eager(torch.float64, steps=12, dt=0.3, stress_every=4,
+                                                            device="cpu")
+    assert rebuilds >= 2 and captures == 2, (rebuilds, captures)
+    assert force <= 1e-12 and energy <= 1e-12, (force, energy)
 
 
 @needs_cuda

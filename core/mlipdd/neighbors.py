@@ -39,7 +39,10 @@ class NeighborList:
     vectors the receiver's image is displaced by). ``cutoff`` is the radius the list
     was built with (cutoff + skin when built through a policy); models keep only the
     edges shorter than their own cutoff. ``reference_positions`` / ``reference_cell``
-    are the geometry it was built from (set by `attach_neighbors`).
+    are the geometry it was built from (set by `attach_neighbors`). ``padded``: the list
+    has the fixed size of a CUDA graph's buffers, its unused slots holding null edges
+    longer than ``cutoff`` (`mlipdd.distributed.cuda_graph`); a model keeps every edge of
+    such a list (filtering would change its size) and gives the long ones zero weight.
     """
 
     edge_index: torch.Tensor
@@ -48,6 +51,7 @@ class NeighborList:
     full_list: bool = True
     reference_positions: torch.Tensor | None = None
     reference_cell: torch.Tensor | None = None
+    padded: bool = False
 
     @property
     def num_edges(self) -> int:
@@ -111,6 +115,7 @@ class NeighborList:
             self.full_list,
             move(self.reference_positions),
             move(self.reference_cell),
+            self.padded,
         )
 
 

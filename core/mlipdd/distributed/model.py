@@ -14,6 +14,7 @@ from torch import nn
 from mlipdd.comm import agree_on_errors, check_together, fail_together, group_rank, nccl_device
 from mlipdd.data import Batch, InputError, check_not_empty
 from mlipdd.distributed.config import DomainConfig, StrategyKind
+from mlipdd.distributed.cuda_graph import GraphedForceCall
 from mlipdd.plugins import get_strategy
 from mlipdd.shard.custom_ops import activated
 from mlipdd.spec.patching import installed
@@ -38,6 +39,10 @@ class DistributedModel(nn.Module):
     atoms, ``stress`` (n_systems, 3, 3) replicated when asked, and any other per-atom
     output for the owned atoms. The owned batch is updated in place when atoms migrate
     (at neighbour-list rebuilds), so keep using the same object.
+
+    With ``DomainConfig(cuda_graph=True)`` (one rank, CUDA) the model's force call is
+    replayed from a CUDA graph (`mlipdd.distributed.cuda_graph`); ``cuda_graph_captures``
+    counts its captures.
     """
 
     def __init__(self, model, config: DomainConfig, spec=None, group=None):
@@ -66,10 +71,27 @@ class DistributedModel(nn.Module):
         self.strategy.use_spec(self.spec)
         self.last_padded: Batch | None = None
         self._calls = 0  # NOTE [deferred checks]
+        self._graphed: GraphedForceCall | None = None
+        if config.cuda_graph:
+            if self.strategy.world_size > 1:
+                raise InputError(
+                    f"DomainConfig(cuda_graph=True) captures the force call of ONE rank; this run has "
+                    f"{self.strategy.world_size} ranks (their halo exchanges are not captured): "
+                    "leave cuda_graph=False with several ranks"
+                )
+            # the list reaches cutoff + skin; each call hands the graph only the edges within
+            # the cutoff (the rest weigh zero), so the graph does the bare model's work
+            trim = config.cutoff if config.skin > 0 else None
+            self._graphed = GraphedForceCall(self._call_model, trim_to=trim)
 
     @property
     def cutoff(self) -> float:
         return self.model.cutoff
+
+    @property
+    def cuda_graph_captures(self) -> int:
+        """How many times the force call was captured in a CUDA graph (0: not graphed)."""
+        return 0 if self._graphed is None else self._graphed.captures
 
     @property
     def load_imbalance(self) -> float | None:
@@ -100,14 +122,20 @@ class DistributedModel(nn.Module):
             self.strategy.prepare(batch)
             model_batch, meta = self.strategy.model_batch(batch, self.spec)
             self.last_padded = model_batch
-            with installed(self.spec), activated(self.spec, row_ids=model_batch.atom_ids), \
-                    self.strategy.model_scope(meta):
-                outputs = self.model(model_batch, compute_stress=compute_stress)
+            with self.strategy.model_scope(meta):
+                if self._graphed is not None:
+                    outputs = self._graphed(model_batch, compute_stress)
+                else:
+                    outputs = self._call_model(model_batch, compute_stress)
             autograd_outputs = getattr(self.model.model_config, "autograd_outputs", frozenset())
             result = self.strategy.consolidate(outputs, meta, self.spec, autograd_outputs)
             if check_now:
                 agree_on_errors(_check_outputs(result), self.group)
             return result
+
+    def _call_model(self, model_batch: Batch, compute_stress: bool) -> dict:
+        with installed(self.spec), activated(self.spec, row_ids=model_batch.atom_ids):
+            return self.model(model_batch, compute_stress=compute_stress)
 
 
 def _check_full_system(full: Batch | None, is_root: bool) -> None:

@@ -2,6 +2,7 @@ from mlipdd.models.base import (
     ModelConfig,
     ModelWrapper,
     NeighborConfig,
+    capturing,
     energy_forces_stress,
     per_system_sum,
 )
@@ -10,6 +11,7 @@ __all__ = [
     "ModelConfig",
     "ModelWrapper",
     "NeighborConfig",
+    "capturing",
     "energy_forces_stress",
     "per_system_sum",
 ]

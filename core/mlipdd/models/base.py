@@ -48,6 +48,16 @@ class ModelConfig:
         return self.neighbor_config.cutoff
 
 
+def capturing(tensor: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being captured on ``tensor``'s device right now.
+
+    A capture (``DomainConfig(cuda_graph=True)``) refuses every host read of the device
+    (``.item()``, ``bool(t)``, boolean-mask indexing): a wrapper skips its input checks and
+    host-side filtering then. They still run, on the same inputs, in the eager warm-up
+    calls just before the capture (`mlipdd.distributed.cuda_graph`)."""
+    return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def per_system_sum(values: torch.Tensor, batch: Batch) -> torch.Tensor:
     """Sum per-atom ``values`` into one value per system.
 

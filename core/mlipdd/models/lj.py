@@ -22,7 +22,7 @@ from collections.abc import Mapping
 import torch
 
 from mlipdd.data import Batch, InputError
-from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig
+from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig, capturing
 from mlipdd.neighbors import NeighborList, build_neighbor_list
 
 MIXING_RULES = ("lorentz_berthelot", "geometric")
@@ -139,7 +139,7 @@ class LennardJones(ModelWrapper):
         return eps, sigma * sigma
 
     def _check_species(self, atomic_numbers: torch.Tensor) -> None:
-        if self._all_species_known:
+        if self._all_species_known or capturing(atomic_numbers):  # a capture: checked in the warm-up
             return
         present = torch.unique(atomic_numbers.detach().as_subclass(torch.Tensor)).cpu()
         missing = [int(zi) for zi in present if not bool(self.known_species[zi])]

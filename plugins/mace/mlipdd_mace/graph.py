@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from mlipdd.data import Batch, InputError
+from mlipdd.models import capturing
 
 
 def one_hot_elements(
@@ -99,7 +100,14 @@ def _built_within(neighbors, cutoff: float) -> bool:
 def _cached_one_hot(atomic_numbers, model_elements, dtype, cache: dict | None):
     """`one_hot_elements`, reused while the caller passes the very same, unmodified tensor
     (one rank under DistributedModel, or an MD loop on one batch): the element check reads
-    the device, so it runs once rather than every call."""
+    the device, so it runs once rather than every call.
+
+    While a CUDA graph is captured (`mlipdd.models.capturing`) the table is computed inside
+    the graph, unchecked (the warm-up calls checked these very numbers): a cached tensor
+    could leave the cache while the graph still reads its memory."""
+    if capturing(atomic_numbers):
+        model_elements = model_elements.to(atomic_numbers.device)
+        return (atomic_numbers.view(-1, 1) == model_elements.view(1, -1)).to(dtype)
     if cache is None:
         return one_hot_elements(atomic_numbers, model_elements, dtype)
     key = (atomic_numbers._version, dtype)
@@ -128,7 +136,9 @@ def mace_inputs(
     neighbors = neighbor_list_for(batch, cutoff)
     edge_index = neighbors.edge_index.to(device=positions.device, dtype=torch.long)
     unit_shifts = neighbors.unit_shifts.to(device=positions.device, dtype=dtype)
-    if not _built_within(neighbors, cutoff):
+    # a CUDA graph's list (padded: fixed size, null edges in its unused slots) and anything
+    # under a capture (no host reads then) keep every edge: those past r_max weigh zero
+    if not (_built_within(neighbors, cutoff) or getattr(neighbors, "padded", False) or capturing(positions)):
         edge_index, unit_shifts = edges_within_cutoff(
             positions, edge_index, unit_shifts, cell, system_of_atom, cutoff
         )

@@ -208,12 +208,12 @@ def report(args) -> None:
     for path in args.rows_files:
         rows += [json.loads(line) for line in pathlib.Path(path).read_text().splitlines() if line.strip()]
     checks = [r for r in rows if r["task"] == "uma_check"]
-    ladder, seen = [], set()
-    for r in rows:  # one row per run (every failing rank may have reported the same failure)
+    runs = {}  # one row per run: every failing rank may have reported; a peer's view of the
+    for r in rows:  # failure (a closed connection) yields to the rank that ran out of memory
         key = (r.get("path"), r.get("model"), r.get("atoms"), r.get("gpus"))
-        if r["task"] == "uma_ladder" and key not in seen:
-            seen.add(key)
-            ladder.append(r)
+        if r["task"] == "uma_ladder" and (key not in runs or r["status"] == "out of memory"):
+            runs[key] = r
+    ladder = list(runs.values())
     one_gpu = {}  # the 1-GPU step of the same model and size: fairchem's plain model, else mlipdd's
     for path in ("mlipdd_graph_partition", "fairchem_plain"):
         one_gpu.update({(r["model"], r["atoms"]): r["step_s"] for r in ladder
@@ -228,7 +228,7 @@ def report(args) -> None:
         for r in runs:
             if fits and r["atoms"] == max(fits):
                 r["largest"] = "largest" + (f" (next: {min(fails)} {_short(runs, min(fails))})" if fails else
-                                            " tried")
+                                            " (all sizes ran)")
     ladder.sort(key=lambda r: (r["model"], r["atoms"], r["gpus"], r["path"]))
     text = ["# UMA-like eSCN-MD on GPUs: mlipdd graph partition vs fairchem's graph parallelism", "",
             args.machine, "",
@@ -246,7 +246,7 @@ def report(args) -> None:
                                     "largest", "status"]),
             "## Agreement (same weights, same system)", "",
             markdown_table(checks, ["path", "model", "atoms", "gpus", "reference", "energy_rel", "forces_rel",
-                                    "stress_rel"]), ""]
+                                    "stress_rel", "status"]), ""]
     out = pathlib.Path(args.output) if args.output else RESULTS / "uma_gpu.md"
     out.write_text("\n".join(text) + "\n")
     out.with_suffix(".json").write_text(json.dumps({"machine": args.machine, "ladder": ladder, "checks": checks},

@@ -32,9 +32,22 @@ import sys
 
 import torch
 import torch.distributed as dist
-from uma_gpu import (MODEL_LABEL, RANK, Rows, add_ladder_args, device_of_rank, failure_row, ladder_items,
-                     leave_after_failure, model_config, parse_sizes, peak_gib, reset_peak, time_steps,
-                     timing_row)
+from uma_gpu import (
+    MODEL_LABEL,
+    RANK,
+    Rows,
+    add_ladder_args,
+    device_of_rank,
+    failure_row,
+    ladder_items,
+    leave_after_failure,
+    model_config,
+    parse_sizes,
+    peak_gib,
+    reset_peak,
+    time_steps,
+    timing_row,
+)
 
 TASK = "omat"
 
@@ -158,17 +171,20 @@ def ladder(args, device, world: int, rows: Rows) -> None:
                 built.clear()
                 gc.collect()
                 built[name] = random_uma(model_config(name), seed=0).to(device)
-            model = built[name]
-            data = fairchem_batch([silicon_atoms(reps)], device)
-            reset_peak(device)
-            times = time_steps(lambda: run_fairchem(model, data, stress=False), args.repeats, device)
+            times = _time_size(built[name], reps, args.repeats, device)
             rows.emit(timing_row(path, MODEL_LABEL[name], n_atoms, world, times, peak_gib(device)))
-            del data
         except Exception as exc:  # noqa: BLE001 - an OOM ends the ladder; anything else too, reported
             rows.emit(failure_row(path, MODEL_LABEL[name], n_atoms, world, exc), any_rank=True)
             # a peer may wait in fairchem's all-gather for this rank forever: leave, torchrun
             # stops it
             leave_after_failure(3)
+
+
+def _time_size(model, reps, repeats: int, device) -> list[float]:
+    """Step times (energy + forces) of one size; its input is freed on return."""
+    data = fairchem_batch([silicon_atoms(reps)], device)
+    reset_peak(device)
+    return time_steps(lambda: run_fairchem(model, data, stress=False), repeats, device)
 
 
 def main():

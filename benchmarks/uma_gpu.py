@@ -169,8 +169,7 @@ def leave_after_failure(code: int = 0) -> None:
 
 # ---- mlipdd ladder ---------------------------------------------------------------------------
 def mlipdd_ladder(args) -> None:
-    from mlipdd.distributed import DistributedManager, DistributedModel, DomainConfig, StrategyKind
-    from mlipdd.lattices import silicon_diamond
+    from mlipdd.distributed import DistributedManager
     from mlipdd_uma.testing import random_uma_wrapper
 
     rows = Rows(args.rows)
@@ -184,20 +183,25 @@ def mlipdd_ladder(args) -> None:
                 built.clear()
                 gc.collect()
                 built[name] = random_uma_wrapper(model_config(name), seed=0).to(mgr.device).eval()
-            model = built[name]
-            full = silicon_diamond(reps, dtype=torch.float32) if mgr.rank == 0 else None
-            dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=0.5,
-                                                      strategy=StrategyKind(args.strategy)))
-            owned = dm.partition(full, device=mgr.device)
-            del full
-            reset_peak(mgr.device)
-            times = time_steps(lambda: dm(owned), args.repeats, mgr.device)
+            times = _mlipdd_size(built[name], reps, args, mgr)
             rows.emit(timing_row(path, MODEL_LABEL[name], n_atoms, mgr.world_size, times, peak_gib(mgr.device)))
-            del dm, owned
         except Exception as exc:  # noqa: BLE001 - an OOM ends the ladder; anything else too, reported
             rows.emit(failure_row(path, MODEL_LABEL[name], n_atoms, mgr.world_size, exc), any_rank=True)
             leave_after_failure()
     mgr.cleanup()
+
+
+def _mlipdd_size(model, reps, args, mgr) -> list[float]:
+    """Step times of one size; the partitioned system is freed on return."""
+    from mlipdd.distributed import DistributedModel, DomainConfig, StrategyKind
+    from mlipdd.lattices import silicon_diamond
+
+    full = silicon_diamond(reps, dtype=torch.float32) if mgr.rank == 0 else None
+    dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=0.5, strategy=StrategyKind(args.strategy)))
+    owned = dm.partition(full, device=mgr.device)
+    del full
+    reset_peak(mgr.device)
+    return time_steps(lambda: dm(owned), args.repeats, mgr.device)
 
 
 # ---- report ----------------------------------------------------------------------------------
@@ -232,7 +236,7 @@ def report(args) -> None:
     ladder.sort(key=lambda r: (r["model"], r["atoms"], r["gpus"], r["path"]))
     text = ["# UMA-like eSCN-MD on GPUs: mlipdd graph partition vs fairchem's graph parallelism", "",
             args.machine, "",
-            "Random weights, float32, energy + forces per step, diamond silicon (8 atoms per cubic cell), "
+            ("Random weights, float32, energy + forces per step, diamond silicon (8 atoms per cubic cell), "
             "6 A cutoff. uma_bench_f32: eSCN-MD 128 channels, lmax 2, 4 layers, no MoLE; uma_s_mole_f32: "
             "the same with UMA-S's 32-expert MoLE routed by composition. Paths: fairchem_plain = the "
             "fairchem model on one GPU (no graph parallelism); fairchem_gp_<mode> = fairchem's own graph "
@@ -240,7 +244,7 @@ def report(args) -> None:
             "(one rank per GPU; 1 GPU = one rank). speedup: the 1-GPU step (fairchem_plain, where it "
             "ran, else mlipdd's one rank) over this step, same model and size. peak_GiB_per_gpu: torch's peak allocated memory, max over ranks. "
             "largest: the largest size of that path that ran; next = the first size that failed. "
-            "Sizes run in ascending order in one launch per path, which ends at the first failure.", "",
+            "Sizes run in ascending order in one launch per path, which ends at the first failure."), "",
             "## Step time and memory", "",
             markdown_table(ladder, ["atoms", "gpus", "path", "model", "step_s", "speedup", "peak_GiB_per_gpu",
                                     "largest", "status"]),

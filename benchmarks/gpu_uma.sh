@@ -24,6 +24,8 @@ ROWS=$OUT/uma_rows.jsonl
 LOGS=/tmp/uma_logs
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
+# a launch's exit status, as a row for the report (124: stopped by its timeout, sizes cut short)
+launched() { echo "$1 exit $2" | tee -a $LOGS/exits.txt; echo "{\"task\": \"launch\", \"name\": \"$1\", \"exit\": $2}" >>"$ROWS"; }
 TORCHRUN="python3 -m torch.distributed.run --standalone"  # torchrun itself may not be on PATH
 # A launch stopped by its timeout may leave a rank holding GPU memory: end what this script
 # started that still uses a GPU, by pid, before the next launch.
@@ -64,8 +66,10 @@ A=$!
 CUDA_VISIBLE_DEVICES=1 timeout -k 10 110 python3 benchmarks/fairchem_gp.py --mole-sizes $MOLE --sizes $ONE $EXTRA \
   --rows $LOGS/rows_fairchem_1.jsonl >$LOGS/fairchem_1gpu.log 2>&1 &
 B=$!
-wait $A; echo "mlipdd 1 GPU exit $?" | tee -a $LOGS/exits.txt
-wait $B; echo "fairchem 1 GPU exit $?" | tee -a $LOGS/exits.txt
+wait $A; EA=$?
+wait $B; EB=$?
+launched "mlipdd 1 GPU" $EA
+launched "fairchem plain 1 GPU" $EB
 cat $LOGS/rows_mlipdd_1.jsonl $LOGS/rows_fairchem_1.jsonl >>"$ROWS" 2>/dev/null
 free_gpus
 
@@ -73,7 +77,7 @@ free_gpus
 stamp "2 GPUs: mlipdd graph partition"
 timeout -k 10 130 $TORCHRUN --nproc_per_node 2 benchmarks/uma_gpu.py ladder --mole-sizes $MOLE \
   --sizes $TWO $EXTRA --rows "$ROWS" >$LOGS/mlipdd_2gpu.log 2>&1
-echo "mlipdd 2 GPUs exit $?" | tee -a $LOGS/exits.txt
+launched "mlipdd graph partition 2 GPUs" $?
 free_gpus
 
 # 3) fairchem's own graph parallelism, 2 GPUs: agreement check (one process, mlipdd, both modes),
@@ -81,7 +85,7 @@ free_gpus
 stamp "2 GPUs: fairchem graph parallel"
 timeout -k 10 140 $TORCHRUN --nproc_per_node 2 benchmarks/fairchem_gp.py --check --a2a-sizes $A2A \
   --mole-sizes $MOLE --sizes $TWO $EXTRA --rows "$ROWS" >$LOGS/fairchem_2gpu.log 2>&1
-echo "fairchem 2 GPUs exit $?" | tee -a $LOGS/exits.txt
+launched "fairchem graph parallel 2 GPUs" $?
 free_gpus
 
 stamp "report"

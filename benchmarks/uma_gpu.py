@@ -212,6 +212,9 @@ def report(args) -> None:
     for path in args.rows_files:
         rows += [json.loads(line) for line in pathlib.Path(path).read_text().splitlines() if line.strip()]
     checks = [r for r in rows if r["task"] == "uma_check"]
+    why = {0: "", 124: " (stopped by its timeout: later sizes not tried)"}
+    launches = [f"{r['name']}: exit {r['exit']}" + why.get(r["exit"], " (a rank failed and left; its row says why)")
+                for r in rows if r["task"] == "launch"]
     runs = {}  # one row per run: every failing rank may have reported; a peer's view of the
     for r in rows:  # failure (a closed connection) yields to the rank that ran out of memory
         key = (r.get("path"), r.get("model"), r.get("atoms"), r.get("gpus"))
@@ -232,7 +235,7 @@ def report(args) -> None:
         for r in runs:
             if fits and r["atoms"] == max(fits):
                 r["largest"] = "largest" + (f" (next: {min(fails)} {_short(runs, min(fails))})" if fails else
-                                            " (all sizes ran)")
+                                            " (no size failed)")
     ladder.sort(key=lambda r: (r["model"], r["atoms"], r["gpus"], r["path"]))
     text = ["# UMA-like eSCN-MD on GPUs: mlipdd graph partition vs fairchem's graph parallelism", "",
             args.machine, "",
@@ -245,6 +248,7 @@ def report(args) -> None:
             "ran, else mlipdd's one rank) over this step, same model and size. peak_GiB_per_gpu: torch's peak allocated memory, max over ranks. "
             "largest: the largest size of that path that ran; next = the first size that failed. "
             "Sizes run in ascending order in one launch per path, which ends at the first failure."), "",
+            *(["Launches: " + "; ".join(launches) + ".", ""] if launches else []),
             "## Step time and memory", "",
             markdown_table(ladder, ["atoms", "gpus", "path", "model", "step_s", "speedup", "peak_GiB_per_gpu",
                                     "largest", "status"]),

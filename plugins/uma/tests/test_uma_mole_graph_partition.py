@@ -41,7 +41,7 @@ def test_random_mole_model_is_a_mixture_of_experts():
     assert backbone.use_composition_embedding
 
 
-@pytest.mark.mlipdd_conformance(world_sizes=(2, 3))
+@pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
 def test_mole_graph_partition_matches_single_process(world_size):
     systems = {"triclinic": triclinic_cell(), "two_systems": batch_of_two()}
     cases = [(FACTORY, batch, {"strategy": "graph_partition"}) for batch in systems.values()]

@@ -43,6 +43,18 @@ def uma_bench_config() -> dict:
     }
 
 
+def uma_s_mole_config(num_experts: int = 32) -> dict:
+    """`uma_bench_config` with UMA-S's mixture of linear experts (MoLE): ``num_experts``
+    copies of every SO(2) convolution weight, mixed per system by a routing MLP that reads
+    the system's composition and its charge/spin/task embedding (released UMA-S: 32)."""
+    return {**uma_bench_config(), **mole_settings(num_experts)}
+
+
+def mole_settings(num_experts: int) -> dict:
+    """The `eSCNMDMoeBackbone` arguments that turn MoLE on, routed by composition as in UMA."""
+    return {"num_experts": num_experts, "use_composition_embedding": True, "moe_layer_type": "pytorch"}
+
+
 # Settings every random model shares: conservative forces and stress from autograd,
 # the graph built inside forward with the input's own pbc (as fairchem's inference
 # settings force), and the plain PyTorch execution backend.
@@ -63,11 +75,13 @@ def random_uma(config: dict | None = None, seed: int = 0, tasks=TASKS, **overrid
     """A fairchem `HydraModelV2` (eSCN-MD backbone + energy/forces/stress head), float32, eval.
 
     ``config`` is a dict of `eSCNMDBackbone` arguments (default `tiny_uma_config()`);
-    ``overrides`` replace single entries. ``tasks`` become the backbone's dataset
+    ``overrides`` replace single entries. A config with ``num_experts`` > 0 (see
+    `mole_settings`) builds fairchem's mixture-of-experts `eSCNMDMoeBackbone` instead. ``tasks`` become the backbone's dataset
     embeddings (UMA's task names: "omat", "omol", ...).
     """
     from fairchem.core.models.base import HydraModelV2
     from fairchem.core.models.uma.escn_md import MLP_EFS_Head, eSCNMDBackbone
+    from fairchem.core.models.uma.escn_moe import eSCNMDMoeBackbone
 
     kwargs = {**tiny_uma_config(), **(config or {}), **overrides}
     kwargs = {**_FIXED, "dataset_mapping": {t: t for t in tasks}, **kwargs}
@@ -75,7 +89,7 @@ def random_uma(config: dict | None = None, seed: int = 0, tasks=TASKS, **overrid
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float32)
     try:
-        backbone = eSCNMDBackbone(**kwargs)
+        backbone = (eSCNMDMoeBackbone if kwargs.get("num_experts") else eSCNMDBackbone)(**kwargs)
         heads = {"energyandforcehead": MLP_EFS_Head(backbone)}
         model = HydraModelV2(backbone, heads)
         # random heads start near zero energy; a visible scale makes differences visible

@@ -242,7 +242,11 @@ def report(args):
             "the periodic images along the two uncut axes: (1 + 2*6.5/40.7) * (1 + 2*6.5/81.5)^2 = 1.77 "
             "(measured 1.72) instead of 1 + 2*6.5/40.7 = 1.32 (measured 1.30); skin 0 and 0.5 gave the same "
             "rows because diamond Si's (001) planes are 1.36 A apart, so the same five planes lie within "
-            "6.0 and 6.5 A of a face."), ""]
+            "6.0 and 6.5 A of a face. _sharded rows: sharded storage (DomainConfig(strategy='sharded')): a rank keeps "
+            "owned rows only and runs mace's node-wise layers (product basis, readouts) on them; remote senders' "
+            "512-wide node features are fetched per layer (rows_per_owned counts that transient request table). "
+            "nccl_ms_per_step: GPU time of NCCL kernels in one step (transfer plus waiting for the other rank), max "
+            "over ranks: what overlapping the exchange with compute could at most save (3% of the step)."), ""]
     (HERE / "results" / "multi_gpu.md").write_text("\n".join(text) + "\n")
     print("\n".join(text))
     try:

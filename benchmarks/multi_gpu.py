@@ -89,11 +89,11 @@ def conformance(args, mgr):
         ]
     if args.chunk_atoms:  # chunked MACE on the ranks against the plain model on one GPU
         cases = [
-            (f"mace_chunk{args.chunk_atoms}", dtype,
+            (f"mace_chunk{args.chunk_atoms}" + ("_sharded" if kind is StrategyKind.SHARDED else ""), dtype,
              functools.partial(random_mace_wrapper, elements=(1, 6, 8), r_max=4.0, dtype=dtype, seed=0,
                                chunk_atoms=args.chunk_atoms),
-             triclinic(species=(1, 6, 8), spacing=2.5, reps=8))
-            for dtype in (torch.float64, torch.float32)
+             triclinic(species=(1, 6, 8), spacing=2.5, reps=8), kind)
+            for kind in (StrategyKind.HALO, StrategyKind.SHARDED) for dtype in (torch.float64, torch.float32)
         ]
     for name, dtype, factory, system, *kind in cases:
         kind = kind[0] if kind else StrategyKind.HALO
@@ -173,7 +173,7 @@ def timing(args, mgr):
     _emit({"task": "time", "tag": args.tag, "model": label, "atoms": int(n_atoms), "gpus": mgr.world_size,
            "step_s": step, "atom_steps_per_s": int(n_atoms) / step if times else None,
            "peak_GiB_per_gpu": float(peak), "status": status, **_traffic(dm, owned, mgr),
-           **_device_time(dm, owned, mgr)})
+           **(_device_time(dm, owned, mgr) if args.device_time else {})})
 
 
 def _traffic(dm, owned, mgr) -> dict:
@@ -281,6 +281,8 @@ def main():
     p.add_argument("--machine", default="")
     p.add_argument("--uma", action="store_true", help="UMA (random eSCN-MD) instead of MACE")
     p.add_argument("--strategy", default="halo", choices=["halo", "sharded", "graph_partition"])
+    p.add_argument("--device-time", action=argparse.BooleanOptionalAction, default=True,
+                   help="profile one extra step for kernel and NCCL time (off for the largest systems)")
     p.add_argument("--chunk-atoms", type=int, default=None, help="MACE: chunked evaluation (MACEWrapper chunk_atoms)")
     args = p.parse_args()
     if args.task == "report":

@@ -33,6 +33,7 @@ PINNED = [
     "op_adapter",
     "stack_rows",
     "unstack_rows",
+    "stacked_as_rows",
     "sharded_row_count",
     "sharded_gather",
     "sharded_scatter",
@@ -138,6 +139,10 @@ def test_a_stack_of_rows_is_not_rows_along_its_new_dim(layout):
     assert torch.equal(torch.sum(stacked, dim=0), sum(stack))
     assert stacked[1].meta == meta and torch.unbind(stacked)[0].meta == meta
     assert rule_of(torch.stack, stack, 1) is None  # along dim 1 the rows stay in front
+    # any other op sees rows of the source layout again, as if never marked
+    moved = stacked.transpose(0, 1)
+    assert moved.meta == meta and rule_of(torch.Tensor.sum, moved) in ("global_sum", "sharded_global_sum")
+    assert (stacked * 2).meta == meta
 
 
 def test_a_rule_states_its_place_or_is_refused():

@@ -49,6 +49,7 @@ PRECEDENCE: list[str] = [
     # (NOTE [stacked rows]): before every rule that reads dim 0 as rows
     "stack_rows",
     "unstack_rows",
+    "stacked_as_rows",
     # sharded storage: owned rows only. A node scatter is tried before a per-system one
     # (the strategy refuses the layouts where the two have the same number of rows).
     "sharded_row_count",

@@ -9,7 +9,10 @@ exactly as many atoms as there are stacked tensors the sum would be taken for a 
 over atoms, an all_reduce the other ranks never join. So the stack is marked
 `Stacked` (rows along dim 1; dim 0 is never rows), and the ops that remove dim 0 again
 (a sum or mean over it, ``x[i]``, ``unbind``) give rows of the source layout back; a
-whole sum is the sum over the stack, then the rows' own sum rule.
+whole sum is the sum over the stack, then the rows' own sum rule. Any other op on a
+stacked tensor (``permute(1, 0, 2)``, ``* 2``, a reshape) sees rows of the source layout
+again, exactly as before the mark existed: the mark settles the one ambiguous case, a
+reduction over the stack, and changes nothing else.
 Whether a tensor is stacked is decided by how it was made, the same on every rank.
 """
 
@@ -20,8 +23,9 @@ import dataclasses
 import torch
 
 from mlipdd.shard.layouts import Layout, Stacked
-from mlipdd.shard.registry import register
+from mlipdd.shard.registry import ANY_OP, register
 from mlipdd.shard.tensor import ShardTensor, local, promote
+from mlipdd.shard.tensor import _iter_tensors as _tensors
 
 
 def _stack_dim(args, kwargs) -> int:
@@ -73,3 +77,23 @@ def unstack_rows(func, meta, args, kwargs):
     with torch._C.DisableTorchFunctionSubclass():
         out = func(*plain, **kwargs)
     return promote(out, rows)
+
+
+def _as_source_rows(a):
+    if isinstance(a, ShardTensor) and isinstance(a.meta.layout, Stacked):
+        return ShardTensor.wrap(local(a), dataclasses.replace(a.meta, layout=a.meta.layout.source))
+    if isinstance(a, (tuple, list)):
+        return type(a)(_as_source_rows(x) for x in a)
+    return a
+
+
+def _has_stacked(func, meta, args, kwargs) -> bool:
+    return any(isinstance(t, ShardTensor) and isinstance(t.meta.layout, Stacked) for t in _tensors(args, kwargs))
+
+
+@register(Stacked, ANY_OP, name="stacked_as_rows", predicate=_has_stacked,
+          doc="Any other op on a Stacked tensor: it is rows of its source layout again (dispatched anew).")
+def stacked_as_rows(func, meta, args, kwargs):
+    args = tuple(_as_source_rows(a) for a in args)
+    kwargs = {k: _as_source_rows(v) for k, v in kwargs.items()}
+    return func(*args, **kwargs)  # through the source layout's own rules

@@ -12,7 +12,7 @@ from mlipdd.lattices import silicon_diamond
 from mlipdd.models.lj import LennardJones
 from mlipdd.neighbors import attach_neighbors
 from mlipdd.testing import run_ranks
-from mlipdd.testing.graph_replay import with_eager_replay
+from mlipdd.testing.graph_replay import graphed_vs_eager_md, with_eager_replay
 from mlipdd.testing.systems import slab, small_cell, triclinic, two_systems
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -150,12 +150,7 @@ def _nve_graphed_vs_eager(model, batch, steps, dt, skin, stress_every=0, tol=1e-
     velocities = (0.02 * torch.randn(owned.positions.shape, generator=generator, dtype=torch.float64)).to(
         device=owned.positions.device, dtype=owned.positions.dtype)
     worst = 0.0
-    for step in range(steps):
-        stress = bool(stress_every) and step % stress_every == 0
-        mirror.node["positions"] = owned.positions.clone()
-        a = eager(owned, compute_stress=stress)
-        b = graphed(mirror, compute_stress=stress)
-        assert torch.equal(owned.atom_ids, mirror.atom_ids)
+    for step, stress, a, b in graphed_vs_eager_md(eager, graphed, owned, mirror, velocities, steps, dt, stress_every):
         scale = float(a["forces"].abs().max())
         diff = float((a["forces"] - b["forces"]).abs().max())
         worst = max(worst, diff / scale)
@@ -164,8 +159,6 @@ def _nve_graphed_vs_eager(model, batch, steps, dt, skin, stress_every=0, tol=1e-
         if stress:
             torch.testing.assert_close(b["stress"], a["stress"], rtol=tol, atol=tol * float(a["stress"].abs().max()))
         assert diff <= tol * scale, (step, diff, scale)
-        velocities = velocities + dt * a["forces"]
-        owned.node["positions"] = owned.positions + dt * velocities
     return eager.strategy.rebuilds, graphed.cuda_graph_captures, worst
 
 

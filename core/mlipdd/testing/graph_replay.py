@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from mlipdd.distributed.cuda_graph import GraphedForceCall
 
-__all__ = ["EagerReplay", "with_eager_replay"]
+__all__ = ["EagerReplay", "graphed_vs_eager_md", "with_eager_replay"]
 
 
 class EagerReplay(GraphedForceCall):
@@ -40,3 +40,22 @@ def with_eager_replay(dm):
     dm._graphed = EagerReplay(graphed.call, headroom=graphed.headroom, warmup=graphed.warmup,
                               trim_to=graphed.trim_to)
     return dm
+
+
+def graphed_vs_eager_md(eager, graphed, owned, mirror, velocities, steps: int, dt: float, stress_every: int = 0):
+    """Yield ``(step, stress, eager_out, graphed_out)`` along a velocity-Verlet-like path
+    driven by the eager forces; before each call the graphed model's batch (``mirror``)
+    gets the eager batch's positions, so both see the same geometry, list rebuilds
+    included. ``stress_every``: ask for the stress every so many steps (0: never)."""
+    import torch
+
+    for step in range(steps):
+        stress = bool(stress_every) and step % stress_every == 0
+        mirror.node["positions"] = owned.positions.clone()
+        a = eager(owned, compute_stress=stress)
+        b = graphed(mirror, compute_stress=stress)
+        if not torch.equal(owned.atom_ids, mirror.atom_ids):
+            raise AssertionError(f"step {step}: the two models own different atoms")
+        yield step, stress, a, b
+        velocities = velocities + dt * a["forces"]
+        owned.node["positions"] = owned.positions + dt * velocities

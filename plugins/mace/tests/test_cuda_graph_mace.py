@@ -11,7 +11,7 @@ from mlipdd.data import Batch
 from mlipdd.distributed import DistributedModel, DomainConfig
 from mlipdd.distributed.cuda_graph import pad_with_null_edges
 from mlipdd.neighbors import attach_neighbors
-from mlipdd.testing.graph_replay import with_eager_replay
+from mlipdd.testing.graph_replay import graphed_vs_eager_md, with_eager_replay
 from mlipdd_mace.testing import random_mace
 from mlipdd_mace.wrapper import MACEWrapper
 
@@ -66,19 +66,12 @@ def md_graphed_vs_eager(dtype, steps, dt, stress_every=0, device="cuda"):
     generator = torch.Generator().manual_seed(2)
     velocities = (0.03 * torch.randn(owned.positions.shape, generator=generator)).to(device, dtype)
     worst_force = worst_energy = 0.0
-    for step in range(steps):
-        stress = bool(stress_every) and step % stress_every == 0
-        mirror.node["positions"] = owned.positions.clone()
-        a = eager(owned, compute_stress=stress)
-        b = graphed(mirror, compute_stress=stress)
-        assert torch.equal(owned.atom_ids, mirror.atom_ids)
+    for _, stress, a, b in graphed_vs_eager_md(eager, graphed, owned, mirror, velocities, steps, dt, stress_every):
         worst_force = max(worst_force, float((a["forces"] - b["forces"]).abs().max() / a["forces"].abs().max()))
         worst_energy = max(worst_energy, float((a["energy"] - b["energy"]).abs().max()) / batch.num_atoms)
         if stress:
             scale = float(a["stress"].abs().max())
             worst_force = max(worst_force, float((a["stress"] - b["stress"]).abs().max()) / scale)
-        velocities = velocities + dt * a["forces"]
-        owned.node["positions"] = owned.positions + dt * velocities
     return eager.strategy.rebuilds, graphed.cuda_graph_captures, worst_force, worst_energy
 
 

@@ -80,26 +80,3 @@ def test_bad_settings_name_the_fix(tmp_path):
         run_simulation({"system": str(tmp_path / "missing.xyz"), "steps": 1})
     with pytest.raises(InputError, match="ensemble"):
         RunConfig.from_mapping({"ensemble": "npx"})
-
-
-def test_cuda_graph_flag_names_its_conditions():
-    from mlipdd.app.simulation import RunConfig
-
-    with pytest.raises(InputError, match="needs a CUDA device"):
-        RunConfig.from_mapping({"cuda_graph": True, "device": "cpu"})
-    with pytest.raises(InputError, match="--nproc 1"):
-        RunConfig.from_mapping({"cuda_graph": True, "nproc": 2, "device": "cpu"})
-    with pytest.raises(InputError, match="--strategy halo"):
-        RunConfig.from_mapping({"cuda_graph": True, "strategy": "sharded", "device": "cpu"})
-
-
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_graph_run_replays_the_force_call(capsys):
-    """One rank on the GPU through DistributedModel: the same thermo as the eager run."""
-    cuda = [flag if flag != "cpu" else "cuda" for flag in TINY]
-    assert main(["run", *cuda, "--steps", "30", "--json"]) == 0
-    eager = json.loads(capsys.readouterr().out)
-    assert main(["run", *cuda, "--steps", "30", "--cuda-graph", "--json"]) == 0
-    graphed = json.loads(capsys.readouterr().out)
-    assert graphed["ranks"] == 1 and graphed["steps"] == eager["steps"]
-    assert abs(graphed["temperature_final_K"] - eager["temperature_final_K"]) < 1e-6 * eager["temperature_final_K"]

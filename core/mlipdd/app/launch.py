@@ -193,7 +193,6 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
         strategy=cfg.strategy,
         grid=tuple(cfg.grid) if cfg.grid else None,
         balance=cfg.balance,
-        cuda_graph=cfg.cuda_graph,
     )
     with DomainParallel(dynamics, config, cfg.steps, hooks, spec=_default_spec(model, config)) as dp:
         # a restart partitions the checkpoint's system over this run's ranks, any number

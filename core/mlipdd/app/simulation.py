@@ -78,7 +78,6 @@ class RunConfig:
     checkpoint: str | None = None  # write the full state here (also when stopped by a signal)
     checkpoint_every: int = 1000
     balance: str | None = None  # None: uniform cut planes; "count" / "time": see DomainConfig
-    cuda_graph: bool = False  # one rank on a GPU: replay the force call from a CUDA graph
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
@@ -121,16 +120,9 @@ class RunConfig:
             raise InputError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if self.balance not in (None, "count", "time"):
             raise InputError(f"balance must be count or time (or left out), got {self.balance!r}")
-        if self.cuda_graph:
-            _check_cuda_graph(self)
         if self.progress not in ("auto", "on", "off"):
             raise InputError(f"progress must be auto, on or off, got {self.progress!r}")
         return self
-
-    @property
-    def runs_distributed_model(self) -> bool:
-        """Whether the run goes through `DistributedModel` (ranks, or a CUDA graph at one)."""
-        return self.nproc > 1 or self.cuda_graph
 
     def resolved_device(self) -> torch.device:
         if self.device == "auto":
@@ -371,15 +363,3 @@ def _distributed_lines(s: Mapping[str, Any]) -> list[str]:
         *([f"  owned atoms per rank, max/mean at the last rebuild: {s['load_imbalance']:.3f}"]
           if s.get("load_imbalance") is not None else []),
     ]
-
-
-def _check_cuda_graph(cfg: RunConfig) -> None:
-    """`DomainConfig(cuda_graph=True)`'s conditions, told before any rank starts."""
-    if int(cfg.nproc) > 1:
-        raise InputError(f"cuda_graph replays the one-rank force call; drop it or run with --nproc 1 "
-                         f"(got --nproc {cfg.nproc})")
-    if cfg.strategy != "halo":
-        raise InputError(f"cuda_graph runs the one-rank halo path; use --strategy halo (got {cfg.strategy})")
-    if cfg.resolved_device().type != "cuda":
-        raise InputError(f"cuda_graph needs a CUDA device, and this run is on {cfg.resolved_device()}; "
-                         "drop --cuda-graph or run on a GPU (--device cuda)")

@@ -126,9 +126,6 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add("--balance", choices=("count", "time"), default=s,
         help="move the cut planes at rebuilds: even atom counts, or even measured force time (CPU)")
     add("--grid", type=_grid, default=s, metavar="GX,GY,GZ", help="rank grid (default: least halo)")
-    add("--cuda-graph", dest="cuda_graph", action="store_true", default=s,
-        help="one rank on a GPU: capture the force call once in a CUDA graph and replay it "
-        "(small systems, where kernel launches cost more than the GPU work)")
     add("--checkpoint", default=s, metavar="PATH", help="write the full state here every "
         "--checkpoint-every steps, at the end, and when stopped by SIGTERM/SIGHUP/Ctrl-C")
     add("--checkpoint-every", type=int, default=s, help=f"default {d.checkpoint_every}")
@@ -207,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     from mlipdd.app.launch import launched_world_size, run_command
 
     cfg = config_from_args(args)
-    if cfg.runs_distributed_model or launched_world_size() > 1:
+    if cfg.nproc > 1 or launched_world_size() > 1:
         return run_command(cfg, json_output=args.json)
     from mlipdd.app.simulation import stopped_message
     from mlipdd.dynamics.stop import RunStopped, stop_on_signals

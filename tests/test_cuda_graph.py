@@ -111,6 +111,12 @@ def test_cuda_graph_refusals_on_one_process():
         dm(owned)
     with pytest.raises(InputError, match="headroom"):
         GraphedForceCall(model, headroom=0.5)
+    # NOTE [cuda_graph under DomainParallel]: refused there until verified on a GPU
+    from mlipdd.distributed import DomainParallel
+    from mlipdd.dynamics import NVE
+
+    with pytest.raises(InputError, match="not supported under DomainParallel yet"):
+        DomainParallel(NVE(model, 1.0), DomainConfig(cutoff=7.0, cuda_graph=True), 10)
 
 
 def _refused_on_rank(rank, world_size):

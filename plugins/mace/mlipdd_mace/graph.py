@@ -62,9 +62,9 @@ def edges_within_cutoff(
     pipeline; mace's own lists stop at ``r_max``, so we drop the extra edges to do the
     same work. A zero-length self-edge (i == i, no shift) would give NaN directions.
     """
-    # The mask is bookkeeping, not physics: compute it on the plain local rows, without
-    # autograd and without any tensor-subclass dispatch (under DD the rows are
-    # [owned | ghost] and the check is purely local).
+    # The mask is bookkeeping, not physics: no autograd. The reads go through the ordinary
+    # indexing, so under domain decomposition they are served like the model's own: from
+    # ghost rows (halo storage) or from the owners (sharded storage).
     with torch.no_grad():
         pos = positions.detach()
         sender, receiver = edge_index[0], edge_index[1]

@@ -169,3 +169,22 @@ def test_third_party_strategy_runs_through_distributed_model(third_party):
     forces = gather_by_id(parts, "forces", batch.num_atoms)
     for key, value in (("energy", parts[1]["energy"]), ("forces", forces), ("stress", parts[0]["stress"])):
         assert relative_difference(value, reference[key].detach()) <= 1e-12, key
+
+
+def test_the_default_strategy_is_the_models_preference_on_several_ranks():
+    """DomainConfig(strategy=None): the model's preferred_strategy with its own spec on
+    several ranks; halo at one rank, with an explicit spec, and for models without one."""
+    from mlipdd.distributed.config import DomainConfig, resolve_strategy
+    from mlipdd.models.lj import LennardJones
+    from mlipdd.strategy.kinds import StrategyKind
+
+    lj = LennardJones(epsilon=0.0104, sigma=3.4, cutoff=7.0)
+    config = DomainConfig(cutoff=7.0)
+    assert config.strategy is None and config.strategy_name == "auto"
+    assert resolve_strategy(config, lj, 2, own_spec=True).strategy is StrategyKind.HALO
+    lj.preferred_strategy = "sharded"
+    assert resolve_strategy(config, lj, 2, own_spec=True).strategy is StrategyKind.SHARDED
+    assert resolve_strategy(config, lj, 1, own_spec=True).strategy is StrategyKind.HALO
+    assert resolve_strategy(config, lj, 2, own_spec=False).strategy is StrategyKind.HALO
+    given = DomainConfig(cutoff=7.0, strategy="graph_partition")
+    assert resolve_strategy(given, lj, 2, own_spec=True) is given

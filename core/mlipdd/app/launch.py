@@ -190,7 +190,7 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
         DomainConfig,
         cutoff=model.cutoff,
         skin=cfg.skin,
-        strategy=cfg.strategy,
+        strategy=None if cfg.strategy == "auto" else cfg.strategy,
         grid=tuple(cfg.grid) if cfg.grid else None,
         balance=cfg.balance,
     )
@@ -212,6 +212,7 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
         summary = _summary(cfg, dynamics, owned, hooks[0].records, wall, start_energy, end_energy,
                            first_step)
         grid = dp.strategy.grid.dims if dp.strategy.grid is not None else None
+        strategy_used = dp.model.config.strategy_name  # "auto" resolved by the model
         summary["neighbor_list_builds"] = dp.strategy.rebuilds
         summary["load_imbalance"] = dp.model.load_imbalance
     if rank != 0:
@@ -221,7 +222,7 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
     )
     summary.update(
         ranks=manager.world_size,
-        strategy=config.strategy_name,
+        strategy=strategy_used,
         grid="x".join(str(g) for g in grid) if grid else "auto",
         atoms_conserved=bool(conserved),
         max_force_diff_eV_per_A=force_diff,

@@ -70,7 +70,7 @@ class RunConfig:
     progress: str = "auto"  # "auto"/"on": a bar on a terminal, plain lines otherwise
     # domain decomposition (run by mlipdd.app.launch; 1 rank: plain single process)
     nproc: int = 1  # local ranks `mlipdd run` starts itself (torchrun / srun: ranks join)
-    strategy: str = "halo"
+    strategy: str = "auto"  # "auto": the model's preferred strategy on several ranks (MACE: sharded)
     grid: list[int] | None = None  # rank grid (gx, gy, gz); None: the least halo
     # seconds a rank waits in a collective for the others before the run fails
     # (mlipdd.distributed.manager.DEFAULT_COLLECTIVE_TIMEOUT_S says why this value)
@@ -91,8 +91,8 @@ class RunConfig:
     def checked(self) -> RunConfig:
         if self.ensemble not in ENSEMBLES:
             raise InputError(f"ensemble {self.ensemble!r} is not one of {tuple(ENSEMBLES)}")
-        if self.strategy not in strategy_names():
-            raise InputError(f"strategy {self.strategy!r} is not one of {strategy_names()}")
+        if self.strategy not in ("auto", *strategy_names()):
+            raise InputError(f"strategy {self.strategy!r} is not one of {['auto', *strategy_names()]}")
         for name in ("dt", "temperature", "tdamp", "pdamp", "fmax"):
             value = getattr(self, name)
             if value is not None and not float(value) > 0:

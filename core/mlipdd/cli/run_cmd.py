@@ -120,9 +120,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         default=s,
         help="run on N local ranks with domain decomposition (under torchrun/srun ranks join)",
     )
-    add("--strategy", choices=strategy_names(), default=s,
+    add("--strategy", choices=("auto", *strategy_names()), default=s,
         help="how ranks share the system: halo (ghost atoms), sharded (reads routed to owners) "
-        f"or graph_partition (for models that build their own graph); default {d.strategy}")
+        "or graph_partition (for models that build their own graph); default auto: the model's "
+        "preferred one (MACE: sharded, others: halo)")
     add("--balance", choices=("count", "time"), default=s,
         help="move the cut planes at rebuilds: even atom counts, or even measured force time (CPU)")
     add("--grid", type=_grid, default=s, metavar="GX,GY,GZ", help="rank grid (default: least halo)")

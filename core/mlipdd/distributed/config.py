@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from mlipdd.data import InputError
@@ -17,7 +18,9 @@ class DomainConfig:
     ``cutoff + skin`` wide and is rebuilt when an atom has moved ``skin / 2``);
     ``grid``: rank grid ``(gx, gy, gz)`` or None to choose the one with least halo;
     ``strategy``: a `StrategyKind` or the name of a strategy a plugin registered
-    (``mlipdd_register_strategies``);
+    (``mlipdd_register_strategies``); None (the default): the model's
+    ``preferred_strategy`` when it runs on several ranks under its own spec, halo
+    otherwise (`resolve_strategy`; MACE prefers sharded storage);
     ``check_every``: the per-call checks (finite positions in, finite energy / forces /
     stress out) run, and are agreed on by all ranks, on the first call and every
     ``check_every`` calls (each costs a host synchronisation; a NaN in MD persists, so
@@ -41,7 +44,7 @@ class DomainConfig:
 
     cutoff: float
     skin: float = 0.5
-    strategy: StrategyKind | str = StrategyKind.HALO
+    strategy: StrategyKind | str | None = None
     grid: tuple[int, int, int] | None = None
     check_every: int = 10
     balance: str | None = None
@@ -50,7 +53,7 @@ class DomainConfig:
     cuda_graph: bool = False
 
     def __post_init__(self) -> None:
-        self.strategy = _strategy_name(self.strategy)
+        self.strategy = None if self.strategy is None else _strategy_name(self.strategy)
         if not self.cutoff > 0:
             raise InputError(f"DomainConfig.cutoff must be positive, got {self.cutoff}; use the model's cutoff")
         if self.skin < 0:
@@ -60,7 +63,7 @@ class DomainConfig:
         if self.grid is not None and (len(self.grid) != 3 or min(self.grid) < 1):
             raise InputError(f"DomainConfig.grid must be three positive integers, got {self.grid}")
         check_balance(self.balance, self.balance_every, self.balance_damping)
-        if self.cuda_graph and self.strategy is not StrategyKind.HALO:
+        if self.cuda_graph and self.strategy not in (None, StrategyKind.HALO):
             raise InputError(
                 f"DomainConfig(cuda_graph=True) replays the one-rank halo path, not the "
                 f"{self.strategy_name} strategy; use strategy='halo' (at one rank every strategy "
@@ -78,7 +81,22 @@ class DomainConfig:
 
     @property
     def strategy_name(self) -> str:
+        """The strategy's name; ``"auto"`` while it is still the model's to choose."""
+        if self.strategy is None:
+            return "auto"
         return self.strategy.value if isinstance(self.strategy, StrategyKind) else self.strategy
+
+
+def resolve_strategy(config: DomainConfig, model, world_size: int, own_spec: bool) -> DomainConfig:
+    """``config`` with its strategy decided: as given, or for ``strategy=None`` the model's
+    ``preferred_strategy`` when it runs on several ranks under its own spec (an explicit
+    spec was written for halo storage unless it says otherwise), else halo. One rank
+    stays halo: its one-rank path hands the model plain tensors and costs nothing."""
+    if config.strategy is not None:
+        return config
+    preferred = getattr(model, "preferred_strategy", "halo")
+    chosen = preferred if world_size > 1 and own_spec and not config.cuda_graph else "halo"
+    return dataclasses.replace(config, strategy=chosen)
 
 
 def _strategy_name(value) -> StrategyKind | str:

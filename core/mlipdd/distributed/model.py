@@ -11,9 +11,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mlipdd.comm import agree_on_errors, check_together, fail_together, group_rank, nccl_device
+from mlipdd.comm import (
+    agree_on_errors,
+    check_together,
+    fail_together,
+    group_rank,
+    group_size,
+    nccl_device,
+)
 from mlipdd.data import Batch, InputError, check_not_empty
-from mlipdd.distributed.config import DomainConfig, StrategyKind
+from mlipdd.distributed.config import DomainConfig, StrategyKind, resolve_strategy
 from mlipdd.distributed.cuda_graph import GraphedForceCall
 from mlipdd.plugins import get_strategy
 from mlipdd.shard.custom_ops import activated
@@ -51,6 +58,7 @@ class DistributedModel(nn.Module):
             from mlipdd.plugins import wrap_model
 
             model = wrap_model(model)
+        config = resolve_strategy(config, model, group_size(group), own_spec=spec is None)
         self.model = model
         self.config = config
         self.group = group

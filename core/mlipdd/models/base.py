@@ -91,6 +91,9 @@ class ModelWrapper(nn.Module):
     """
 
     model_config: ModelConfig
+    # The strategy `DomainConfig(strategy=None)` (the default) runs this model under on
+    # several ranks with its own spec (`mlipdd.distributed.config.resolve_strategy`).
+    preferred_strategy: str = "halo"
 
     @property
     def cutoff(self) -> float:

@@ -74,6 +74,10 @@ class MACEWrapper(ModelWrapper):
     runs the plain model). ``memory_estimate(n_atoms, n_edges)`` says what a call needs.
     """
 
+    # On several ranks (DomainConfig(strategy=None), the default) sharded storage: the
+    # node-wise layers then run on owned rows only (1.96x on 2 H200s vs 1.78x under halo).
+    preferred_strategy = "sharded"
+
     def __init__(self, model: torch.nn.Module, head: str | None = None, chunk_atoms: int | None = None):
         super().__init__()
         if chunk_atoms is not None and int(chunk_atoms) < 1:

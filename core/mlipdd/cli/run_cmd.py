@@ -123,7 +123,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add("--strategy", choices=("auto", *strategy_names()), default=s,
         help="how ranks share the system: halo (ghost atoms), sharded (reads routed to owners) "
         "or graph_partition (for models that build their own graph); default auto: the model's "
-        "preferred one (MACE: sharded, others: halo)")
+        "preferred one (MACE, AIMNet2: sharded; others: halo)")
     add("--balance", choices=("count", "time"), default=s,
         help="move the cut planes at rebuilds: even atom counts, or even measured force time (CPU)")
     add("--grid", type=_grid, default=s, metavar="GX,GY,GZ", help="rank grid (default: least halo)")

@@ -64,6 +64,10 @@ class AIMNet2Wrapper(ModelWrapper):
     mlipdd-aimnet2 does not compute it (the energies then lack that term).
     """
 
+    # DomainConfig() on several ranks: sharded storage (no Coulomb-deep ghost shell; see
+    # the plugin README for the measured comparison); strategy="halo" still works.
+    preferred_strategy = "sharded"
+
     def __init__(self, model: torch.nn.Module, metadata: dict | None = None, coulomb: str | None = None,
                  dsf_alpha: float = DEFAULT_DSF_ALPHA, dsf_cutoff: float = DEFAULT_DSF_CUTOFF,
                  simple_cutoff: float = DEFAULT_SIMPLE_CUTOFF, charge: float = 0.0,

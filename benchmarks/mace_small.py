@@ -31,6 +31,7 @@ import torch
 from _common import median_time, write_results
 from memory_wall import medium_model, si
 from mlipdd.distributed import DistributedModel, DomainConfig
+from mlipdd.distributed.cuda_graph import capture_graph
 from mlipdd.neighbors import attach_neighbors
 from mlipdd_mace import MACEWrapper
 
@@ -47,20 +48,12 @@ def bare_graphed(raw, data):
         out = raw(static, training=False, compute_force=True)
         return out["energy"], out["forces"]
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        energy, forces = call()
+    graph_replay, (energy, forces) = capture_graph(call, 2, static["positions"].device)
 
     def replay():
         with torch.no_grad():
             static["positions"].copy_(data["positions"])
-        graph.replay()
+        graph_replay()
         return energy.clone(), forces.clone()
 
     return replay

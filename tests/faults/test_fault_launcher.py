@@ -26,6 +26,11 @@ from fault_helpers import (
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc (Linux)")
 
 
+# a trajectory frame every 2 steps, a checkpoint only when the run ends or is stopped
+WRITES_FILES = ("--trajectory", "md.extxyz", "--trajectory-every", "2",
+                "--checkpoint", "state.pt", "--checkpoint-every", "1000000")
+
+
 def _running(tmp_path, *extra):
     """A 2-rank run that writes a trajectory and a checkpoint, once it has taken steps."""
     launcher = start_run(
@@ -34,14 +39,7 @@ def _running(tmp_path, *extra):
         "2",
         *SMALL_RUN,
         *LONG,
-        "--trajectory",
-        "md.extxyz",
-        "--trajectory-every",
-        "2",
-        "--checkpoint",
-        "state.pt",
-        "--checkpoint-every",
-        "1000000",
+        *WRITES_FILES,
         *extra,
     )
     ranks = rank_pids(launcher, 2)
@@ -139,19 +137,7 @@ def test_one_default_collective_timeout():
 
 def test_sigterm_stops_a_one_process_run_cleanly(tmp_path):
     """L1 without --nproc: the same clean stop, checkpoint and exit code."""
-    run = start_run(
-        tmp_path,
-        *SMALL_RUN,
-        *LONG,
-        "--trajectory",
-        "md.extxyz",
-        "--trajectory-every",
-        "2",
-        "--checkpoint",
-        "state.pt",
-        "--checkpoint-every",
-        "1000000",
-    )
+    run = start_run(tmp_path, *SMALL_RUN, *LONG, *WRITES_FILES)
     wait_for_file(tmp_path / "md.extxyz", run)
     os.kill(run.pid, signal.SIGTERM)
     assert finish(run, timeout=60) == 128 + signal.SIGTERM

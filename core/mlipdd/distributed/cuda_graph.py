@@ -63,7 +63,7 @@ import torch
 from mlipdd.data import Batch, InputError
 from mlipdd.neighbors import NeighborList
 
-__all__ = ["GraphedForceCall", "StaticInputs", "edges_within", "fill_edges", "null_edges", "null_shifts",
+__all__ = ["GraphedForceCall", "StaticInputs", "capture_graph", "edges_within", "fill_edges", "null_edges", "null_shifts",
            "pad_with_null_edges"]
 
 ForceCall = Callable[[Batch, bool], dict]
@@ -145,27 +145,32 @@ class GraphedForceCall:
 
     def _record(self, inputs: StaticInputs, compute_stress: bool) -> tuple[Callable[[], None], dict]:
         """Warm up, capture ``call`` on the static inputs; returns (replay, the graph's outputs)."""
-        device = inputs.batch.device
-        # warm-up on a side stream (lazy initialisation of libraries and autograd, the
-        # wrapper's own one-off checks and caches), then the capture itself
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(self.warmup):
-                self.call(inputs.batch, compute_stress)
-        torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):
-                outputs = self.call(inputs.batch, compute_stress)
-        except Exception as error:
-            raise RuntimeError(
-                "the model's force call could not be captured in a CUDA graph (usually an op "
-                f"that reads the device on the host inside the forward): {error}. Make the wrapper "
-                "skip host reads while torch.cuda.is_current_stream_capturing(), or run with "
-                "DomainConfig(cuda_graph=False)"
-            ) from error
-        return graph.replay, outputs
+        return capture_graph(lambda: self.call(inputs.batch, compute_stress), self.warmup, inputs.batch.device)
+
+
+def capture_graph(call: Callable[[], object], warmup: int, device) -> tuple[Callable[[], None], object]:
+    """``call()`` warmed up ``warmup`` times on a side stream (lazy initialisation of
+    libraries and autograd, a wrapper's one-off checks and caches), then captured in a
+    CUDA graph; returns (the graph's replay, the outputs of the captured call, which
+    every replay rewrites in place)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            call()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            outputs = call()
+    except Exception as error:
+        raise RuntimeError(
+            "the model's force call could not be captured in a CUDA graph (usually an op "
+            f"that reads the device on the host inside the forward): {error}. Make the wrapper "
+            "skip host reads while torch.cuda.is_current_stream_capturing(), or run with "
+            "DomainConfig(cuda_graph=False)"
+        ) from error
+    return graph.replay, outputs
 
 
 @dataclass

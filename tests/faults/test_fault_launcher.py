@@ -6,8 +6,10 @@ Catalogue entries L1-L5 (see README.md in this folder).
 from __future__ import annotations
 
 import inspect
+import io
 import os
 import signal
+import sys
 
 import ase.io
 import pytest
@@ -142,3 +144,21 @@ def test_sigterm_stops_a_one_process_run_cleanly(tmp_path):
     os.kill(run.pid, signal.SIGTERM)
     assert finish(run, timeout=60) == 128 + signal.SIGTERM
     _check_clean_stop(tmp_path)
+
+
+def test_a_stop_signal_between_two_rank_starts_stops_the_run():
+    """L1, the start-up window made certain: the launcher catches stop signals from before
+    its first rank starts, so a SIGTERM between two starts stops the started rank and
+    starts no more (it used to end the launcher by the default action: exit -15)."""
+    from mlipdd.distributed.supervise import Supervisor
+
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    supervisor = Supervisor(stream=io.StringIO())
+    with supervisor.catching_signals():
+        supervisor.start(sleeper, dict(os.environ))
+        os.kill(os.getpid(), signal.SIGTERM)  # handled here, between the two starts
+        supervisor.start(sleeper, dict(os.environ))
+        code = supervisor.wait()
+    assert code == 128 + signal.SIGTERM
+    assert len(supervisor.ranks) == 1 and supervisor.ranks[0].code == -signal.SIGTERM
+    assert "SIGTERM received" in supervisor.stream.getvalue()

@@ -74,7 +74,7 @@ def run_command(cfg, json_output: bool = False) -> int:
 def spawn_local(cfg, json_output: bool = False) -> int:
     """Start ``cfg.nproc`` local ranks running this configuration; wait; exit code."""
     from mlipdd.comm import free_port
-    from mlipdd.distributed.supervise import Supervisor, start_rank
+    from mlipdd.distributed.supervise import Supervisor
 
     nproc = int(cfg.nproc)
     settings = dataclasses.asdict(cfg)
@@ -84,23 +84,24 @@ def spawn_local(cfg, json_output: bool = False) -> int:
             json.dump(settings, handle)
         port = free_port()
         threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // nproc))
-        procs = []
-        for rank in range(nproc):
-            env = dict(
-                os.environ,
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                RANK=str(rank),
-                LOCAL_RANK=str(rank),
-                WORLD_SIZE=str(nproc),
-                LOCAL_WORLD_SIZE=str(nproc),
-                OMP_NUM_THREADS=threads,
-            )
-            command = [sys.executable, "-c", _CHILD, "run", "--config", config_path]
-            if json_output:
-                command.append("--json")
-            procs.append(start_rank(command, env))
-        return Supervisor(procs).wait()
+        command = [sys.executable, "-c", _CHILD, "run", "--config", config_path]
+        if json_output:
+            command.append("--json")
+        supervisor = Supervisor()
+        with supervisor.catching_signals():  # from before the first rank starts
+            for rank in range(nproc):
+                env = dict(
+                    os.environ,
+                    MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(port),
+                    RANK=str(rank),
+                    LOCAL_RANK=str(rank),
+                    WORLD_SIZE=str(nproc),
+                    LOCAL_WORLD_SIZE=str(nproc),
+                    OMP_NUM_THREADS=threads,
+                )
+                supervisor.start(command, env)
+            return supervisor.wait()
 
 
 # ---- one rank -----------------------------------------------------------------------------

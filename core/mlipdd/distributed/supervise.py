@@ -74,10 +74,15 @@ class _Rank:
 
 
 class Supervisor:
-    """Wait for the ranks; forward stop signals; stop the others when one fails; report."""
+    """Start the ranks; forward stop signals; stop the others when one fails; report.
 
-    def __init__(self, processes: list[subprocess.Popen], stream=None):
-        self.ranks = [_Rank(r, p) for r, p in enumerate(processes)]
+    The stop signals are caught from before the first rank starts (`catching_signals`):
+    a SIGTERM between two ``Popen`` calls would otherwise end the launcher by the default
+    action, leaving the started ranks to their parent-death signal and exit code -15.
+    """
+
+    def __init__(self, stream=None):
+        self.ranks: list[_Rank] = []
         self.stream = stream if stream is not None else sys.stderr
         self.stop_signal: int | None = None
         self._stop_at: float | None = None
@@ -86,7 +91,27 @@ class Supervisor:
         self._ends = 0
         self._failed_before_stop = False
 
+    # starting ----------------------------------------------------------------------------
+    def start(self, command: list[str], env: dict[str, str]) -> None:
+        """Start the next rank, unless a stop signal came first."""
+        if self.stop_signal is not None:
+            return
+        process = start_rank(command, env)
+        self.ranks.append(_Rank(len(self.ranks), process))
+        if self.stop_signal is not None:  # came while it was starting: not in the last _send
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+
     # signals -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def catching_signals(self):
+        previous = {s: signal.signal(s, self._on_signal) for s in _STOP_SIGNALS}
+        try:
+            yield self
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
     def _on_signal(self, signum, frame) -> None:
         if self.stop_signal is not None:  # second signal: no more patience
             self._send(signal.SIGKILL)
@@ -109,14 +134,10 @@ class Supervisor:
 
     # waiting -----------------------------------------------------------------------------
     def wait(self, poll_s: float = 0.05) -> int:
-        previous = {s: signal.signal(s, self._on_signal) for s in _STOP_SIGNALS}
-        try:
-            while not self._poll():
-                self._escalate(time.monotonic())
-                time.sleep(poll_s)
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+        """Until every started rank has ended (call inside `catching_signals`)."""
+        while not self._poll():
+            self._escalate(time.monotonic())
+            time.sleep(poll_s)
         return self._report()
 
     def _poll(self) -> bool:

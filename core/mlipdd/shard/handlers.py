@@ -173,12 +173,13 @@ def global_sum(func, meta: ShardMeta, args, kwargs):
     rest = {k: v for k, v in kwargs.items() if k != "input"}
     with torch._C.DisableTorchFunctionSubclass():
         partial = torch.sum(x[rows], *args[1:], **rest)
-    # NOTE [global sums stay plain]: unlike a per-system reduction, a whole-tensor sum is
-    # mostly bookkeeping in real models (mace adds ``positions.sum() * 0`` to its strain to
-    # keep the graph connected); marking it replicated would route the strain's gradient
-    # through `to_rows` and sum the virial twice. A plain replicated value is the right
-    # answer for every use we know of.
-    return all_reduce_sum(partial, meta.group)
+    # NOTE [whole sums are replicated]: the total is the same on every rank and marked so.
+    # A model that feeds it back into its rows (``q - q.sum() / n``, a single system's
+    # charge neutrality) then gets its gradient shares summed over ranks (NOTE
+    # [replicated gradients]); a plain total silently gave each rank only its own share.
+    # mace's ``positions.sum() * 0`` (it keeps the strain in the graph) stays plain by
+    # `zero_product`, so its virial is still this rank's share, summed once by the strategy.
+    return replicated(all_reduce_sum(partial, meta.group), meta)
 
 
 def _is_halo_read(func, meta: ShardMeta, args, kwargs) -> bool:

@@ -112,6 +112,33 @@ def enter_rows(func, meta, args, kwargs):
     return promote(out, layout)
 
 
+_PRODUCTS = (torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.Tensor.mul, torch.mul)
+
+
+def is_zero_product(func, meta, args, kwargs) -> bool:
+    """A replicated value times the number 0: ``positions.sum() * 0`` (mace keeps its
+    strain in the autograd graph this way)."""
+    if func not in _PRODUCTS or len(args) != 2 or kwargs:
+        return False
+    a, b = args
+    return (is_replicated(a) and _is_zero_number(b)) or (is_replicated(b) and _is_zero_number(a))
+
+
+def _is_zero_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == 0
+
+
+@register(Layout, *_PRODUCTS, name="zero_product", predicate=is_zero_product,
+          doc="A replicated value times the number 0: a plain zero (no cross-rank gradient to carry).")
+def zero_product(func, meta, args, kwargs):
+    """The product, plain: it is zero on every rank whatever the total was, so it carries
+    no cross-rank gradient; kept replicated, it would make the strain it is added to
+    replicated, and the virial taken there would come out whole on every rank and then be
+    summed over ranks once more (NOTE [whole sums are replicated] in `mlipdd.shard.handlers`)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return func(*(local(a) if isinstance(a, ShardTensor) else a for a in args))
+
+
 # Calls that take tensors but compute nothing row-wise from them (autograd drivers).
 _NOT_MATH = {torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward}
 

@@ -172,12 +172,10 @@ def _is_row_sum(func, meta, args, kwargs) -> bool:
 
 @register(Sharded, torch.Tensor.sum, torch.sum, predicate=_is_row_sum, name="sharded_global_sum")
 def sharded_global_sum(func, meta: ShardMeta, args, kwargs):
-    """A sum over atoms or edges: local partial, then all_reduce; a plain result, as under
-    halo storage (NOTE [global sums stay plain] in `mlipdd.shard.handlers`: mace adds
-    ``positions.sum() * 0`` to its strain, and a replicated mark would sum the virial
-    twice)."""
+    """A sum over atoms or edges: local partial, then all_reduce; replicated, as under halo
+    storage (NOTE [whole sums are replicated] in `mlipdd.shard.handlers`)."""
     x = local(args[0])
     rest = {k: v for k, v in kwargs.items() if k != "input"}
     with torch._C.DisableTorchFunctionSubclass():
         partial = torch.sum(x, *args[1:], **rest)
-    return all_reduce_sum(partial, meta.group)
+    return ShardTensor.wrap(all_reduce_sum(partial, meta.group), meta.as_replicated())

@@ -13,6 +13,10 @@ read by sender index (``state[sender]``) and accumulated with in-place ``index_a
   and re-equilibrates under a per-system total charge (two per-system sums per layer,
   a Lagrange multiplier per system read back per atom), plus a damped Coulomb-like
   pair energy.
+* `WholeSystemMPNN`: one system written with whole-tensor reductions over the atoms
+  (``q - q.mean()`` for neutral charges, ``(q * q).sum()`` fed back into every atom, a
+  softmax over all atoms shifted by ``chi.max()``, ``features.abs().amax()``), as a
+  single-system model is often written.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from mlipdd.data import Batch, InputError
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig
 from mlipdd.testing.toy_models import cosine_envelope
 
-__all__ = ["ChargeMPNN", "VectorMPNN"]
+__all__ = ["ChargeMPNN", "VectorMPNN", "WholeSystemMPNN"]
 
 
 class _OrdinaryMPNN(ModelWrapper):
@@ -138,3 +142,31 @@ class ChargeMPNN(_OrdinaryMPNN):
         coulomb = self.readout.new_zeros(n_atoms)
         coulomb = coulomb.index_add_(0, receiver, 0.5 * self.coulomb_scale * charges[receiver] * charges[sender] * pair)
         return features @ self.readout + chi * charges + 0.5 * hardness * charges**2 + coulomb
+
+
+class WholeSystemMPNN(_OrdinaryMPNN):
+    def __init__(self, cutoff: float = 4.5, features: int = 8, n_basis: int = 8, species=(1, 8),
+                 seed: int = 2, dtype=torch.float64):
+        super().__init__(cutoff, features, n_basis, species, seed, dtype)
+        self.radial = self._weight(n_basis, features)
+        self.update = self._weight(features, features)
+        self.charge_head = self._weight(features)
+        self.attention_head = self._weight(features)
+        self.readout = self._weight(features)
+
+    def atomic_energies(self, batch: Batch, positions: torch.Tensor, cell: torch.Tensor) -> torch.Tensor:
+        sender, receiver, _, d, envelope, basis = self._edges(batch, positions, cell)
+        n_atoms = batch.num_atoms
+        features = self.embed[self._species(batch.atomic_numbers)]
+        aggregated = torch.zeros(n_atoms, self.features, dtype=positions.dtype, device=positions.device)
+        aggregated = aggregated.index_add_(0, receiver, (basis @ self.radial) * features[sender])
+        features = features + torch.tanh(aggregated @ self.update)
+        features = features / (1.0 + features.abs().amax())
+        raw = features @ self.charge_head
+        charges = raw - raw.mean()  # the system is neutral
+        features = features * (1.0 + 0.1 * torch.tanh((charges * charges).sum()))
+        chi = features @ self.attention_head
+        weights = torch.exp(chi - chi.max())
+        weights = weights / weights.sum()  # attention over every atom of the system
+        pooled = (weights.unsqueeze(1) * features).sum(0)
+        return features @ self.readout + 0.5 * charges**2 + 0.05 * features @ pooled + 0.01 * chi.amax()

@@ -1,0 +1,183 @@
+"""Reductions over atom or edge rows besides the sum: means, extremes, and the refused rest.
+
+A rank holds some of the rows (halo storage: its owned atoms, then ghost copies; sharded
+storage: its owned atoms; either: the edges it computes). Left alone, ``x.mean()`` or
+``x.max()`` would reduce this rank's rows only (ghost copies included under halo) and
+give every rank a different, silently wrong number. Here they reduce the counted rows
+(each atom and edge once over all ranks) and combine the partials over ranks, so the
+result equals one process's and is replicated (NOTE [whole sums are replicated] in
+`mlipdd.shard.handlers` for the sum, whose rules live with each layout's other rules).
+
+Reductions over rows with no exact cross-rank form here (variance, norms, products,
+medians, positions of extremes, running sums) raise with the fix instead of answering.
+Reductions along other dimensions (``vectors.norm(dim=-1)``, per-row means) are per-row
+and stay local.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from mlipdd.comm import group_size
+from mlipdd.shard.exchange import all_reduce_sum
+from mlipdd.shard.handlers import _counted_rows, _sum_dims
+from mlipdd.shard.layouts import Layout
+from mlipdd.shard.registry import register
+from mlipdd.shard.replicated import replicated
+from mlipdd.shard.tensor import ShardMeta, ShardTensor, local
+
+_MEANS = (torch.mean, torch.Tensor.mean)
+_EXTREMES = {torch.amax: "max", torch.Tensor.amax: "max", torch.amin: "min", torch.Tensor.amin: "min",
+             torch.max: "max", torch.Tensor.max: "max", torch.min: "min", torch.Tensor.min: "min"}
+_REFUSED = (
+    torch.prod, torch.Tensor.prod, torch.std, torch.Tensor.std, torch.var, torch.Tensor.var,
+    torch.std_mean, torch.var_mean, torch.norm, torch.Tensor.norm, torch.linalg.norm,
+    torch.linalg.vector_norm, torch.logsumexp, torch.Tensor.logsumexp, torch.median,
+    torch.Tensor.median, torch.nanmedian, torch.Tensor.nanmedian, torch.argmax, torch.Tensor.argmax,
+    torch.argmin, torch.Tensor.argmin, torch.cumsum, torch.Tensor.cumsum, torch.cumprod,
+    torch.Tensor.cumprod,
+)
+_RUNNING = (torch.cumsum, torch.Tensor.cumsum, torch.cumprod, torch.Tensor.cumprod)
+
+
+def _on_rows(*ops, name: str, predicate):
+    """One rule for halo and sharded storage (graph partition holds every row on every
+    rank and reduces through its own helpers; the predicate checks the layout)."""
+    return register(Layout, *ops, name=name, predicate=predicate)
+
+
+def _rows_reduced(func, meta: ShardMeta, args, kwargs) -> bool:
+    """``args[0]`` holds atom or edge rows and the call reduces over them (dim 0 or all)."""
+    x = args[0] if args else kwargs.get("input")
+    if not isinstance(x, ShardTensor) or x.dim() == 0 or not meta.system_reductions:
+        return False
+    if not (meta.layout.is_halo() or meta.layout.is_sharded()):
+        return False
+    if meta.row_kind(x.shape[0]) == "other":
+        return False
+    second = args[1] if len(args) > 1 else kwargs.get("other")
+    if isinstance(second, torch.Tensor):  # torch.max(a, b) and the like: elementwise
+        return False
+    if func in _RUNNING:  # a running sum along the rows only
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        return dim in (0, -x.dim())
+    dims = _reduced_dims(func, args, kwargs)
+    return dims is None or 0 in dims
+
+
+_NORMS = (torch.norm, torch.Tensor.norm, torch.linalg.norm, torch.linalg.vector_norm)
+
+
+def _reduced_dims(func, args, kwargs):
+    """The dims a reduction runs over (None: all); the norms take ``p``/``ord`` before ``dim``."""
+    if func not in _NORMS:
+        return _sum_dims(args, kwargs)
+    dim = args[2] if len(args) > 2 else kwargs.get("dim")
+    return _sum_dims((args[0], dim), {})
+
+
+# ---- means --------------------------------------------------------------------------------
+@_on_rows(*_MEANS, name="row_mean", predicate=_rows_reduced)
+def row_mean(func, meta: ShardMeta, args, kwargs):
+    """The sum over counted rows on every rank, divided by the number of rows of all ranks."""
+    x = local(args[0])
+    rows = _counted_rows(meta, x.shape[0], "mean")
+    counted = x[rows]
+    rest = {k: v for k, v in kwargs.items() if k != "input"}
+    with torch._C.DisableTorchFunctionSubclass():
+        partial = torch.sum(counted, *args[1:], **rest)
+    dims = _sum_dims(args, kwargs)
+    per_row = math.prod(x.shape[d] for d in (range(1, x.dim()) if dims is None else dims) if d != 0)
+    total_rows = _sum_over_ranks(counted.shape[0], meta.group, x.device)
+    return replicated(all_reduce_sum(partial, meta.group) / (total_rows * per_row), meta)
+
+
+def _sum_over_ranks(count: int, group, device) -> float:
+    """A count summed over ranks (a host number: it sizes nothing on the device)."""
+    if group_size(group) == 1:
+        return float(count)
+    total = torch.tensor([count], dtype=torch.float64, device=device)
+    dist.all_reduce(total, group=group)
+    return float(total.item())
+
+
+# ---- extremes -----------------------------------------------------------------------------
+def _is_row_extreme(func, meta, args, kwargs) -> bool:
+    if func not in _EXTREMES or not _rows_reduced(func, meta, args, kwargs):
+        return False
+    if func in (torch.max, torch.Tensor.max, torch.min, torch.Tensor.min):
+        # the whole-tensor form only: with a dim it also returns row positions, and with
+        # a second tensor it is elementwise
+        return len(args) == 1 and not kwargs
+    return True
+
+
+@_on_rows(*_EXTREMES, name="row_extreme", predicate=_is_row_extreme)
+def row_extreme(func, meta: ShardMeta, args, kwargs):
+    """The extreme over counted rows of every rank (a rank without rows adds the identity)."""
+    kind = _EXTREMES[func]
+    x = local(args[0])
+    counted = x[_counted_rows(meta, x.shape[0], kind)]
+    if counted.shape[0] == 0:  # e.g. a rank whose subdomain is vacuum
+        # joined to the empty rows, not in their place: the partial stays in the autograd
+        # graph, so this rank's backward runs the same collectives as the others'
+        identity = torch.full((1, *x.shape[1:]), _identity(kind, x.dtype), dtype=x.dtype, device=x.device)
+        counted = torch.cat([counted, identity])
+    with torch._C.DisableTorchFunctionSubclass():
+        if func in (torch.max, torch.Tensor.max, torch.min, torch.Tensor.min):
+            partial = torch.amax(counted) if kind == "max" else torch.amin(counted)
+        else:
+            partial = (torch.amax if kind == "max" else torch.amin)(counted, *args[1:], **kwargs)
+    return replicated(_AllReduceExtreme.apply(partial, kind, meta.group), meta)
+
+
+def _identity(kind: str, dtype: torch.dtype):
+    if dtype.is_floating_point:
+        return -math.inf if kind == "max" else math.inf
+    if dtype == torch.bool:
+        return kind != "max"
+    info = torch.iinfo(dtype)
+    return info.min if kind == "max" else info.max
+
+
+class _AllReduceExtreme(torch.autograd.Function):
+    """The max (min) of per-rank partials; the gradient goes to the ranks that hold it,
+    shared evenly when several do (as torch.amax shares it between equal values)."""
+
+    @staticmethod
+    def forward(ctx, partial, kind, group):
+        total = partial.clone()
+        if group_size(group) > 1:
+            op = dist.ReduceOp.MAX if kind == "max" else dist.ReduceOp.MIN
+            dist.all_reduce(total, op=op, group=group)
+        ctx.save_for_backward(partial, total)
+        ctx.group = group
+        return total
+
+    @staticmethod
+    def backward(ctx, grad):
+        partial, total = ctx.saved_tensors
+        holds = (partial == total).to(grad.dtype)
+        holders = holds.clone()
+        if group_size(ctx.group) > 1:
+            dist.all_reduce(holders, group=ctx.group)
+        return grad * holds / holders.clamp(min=1), None, None
+
+
+# ---- the rest: refused --------------------------------------------------------------------
+# (max/min along dim 0 reach this rule only in the forms `row_extreme` declines: with a
+# dim, which also returns the rows' positions)
+@_on_rows(*_REFUSED, *_EXTREMES, name="row_reduction_refused", predicate=_rows_reduced)
+def row_reduction_refused(func, meta: ShardMeta, args, kwargs):
+    name = getattr(func, "__name__", str(func))
+    raise NotImplementedError(
+        f"`{name}` over the atom/edge rows (dim 0, or the whole tensor) under domain "
+        f"decomposition: each rank holds only some rows, and there is no exact cross-rank rule "
+        f"for `{name}` here, so it would give a per-rank, wrong answer. Write it with sums, "
+        "means or amax/amin over the rows (for example a variance as mean(x**2) - mean(x)**2, a "
+        "norm as sqrt((x**2).sum())), reduce per system with index_add/scatter_add, or reduce "
+        "along the other dimensions (dim=-1)"
+    )

@@ -1,0 +1,80 @@
+"""Whole-tensor reductions over the atoms inside a model equal one process's, with gradients.
+
+A single-system model is often written with ``q - q.mean()``, ``(q * q).sum()``,
+``x.max()`` and ``x.amax()`` over all atoms (`WholeSystemMPNN`). Each rank holds only
+some atoms, so these reduce the counted rows over ranks and come back replicated; their
+uses per atom then carry the gradient shares of every rank (NOTE [whole sums are
+replicated] in mlipdd.shard.handlers). Before, a whole sum gave each rank only its own
+share of the gradient (forces off by ~1e-3 relative) and a mean or a max the rank's own
+rows. Reductions over rows with no exact cross-rank rule are refused with the fix.
+"""
+
+import pytest
+import torch
+from mlipdd.spec.presets import SPEC_MPNN_HALO, SPEC_MPNN_SHARDED
+from mlipdd.testing import run_ranks
+from mlipdd.testing.conformance import distributed_outputs, gather_by_id, relative_difference
+from mlipdd.testing.ordinary_models import WholeSystemMPNN
+from mlipdd.testing.systems import slab, small_cell, triclinic
+
+SPECIES = (1, 8)
+SPECS = {"halo": SPEC_MPNN_HALO, "sharded": SPEC_MPNN_SHARDED}
+SYSTEMS = {
+    "triclinic": lambda: triclinic(species=SPECIES, spacing=3.0, reps=4),
+    "own_images": lambda: small_cell(species=SPECIES, spacing=2.6, reps=3),
+    # cut along the vacuum axis only: with 4 ranks some own no atom at all
+    "slab_with_vacuum": lambda: slab(species=SPECIES, spacing=3.0, reps=(3, 3, 2), vacuum=14.0),
+}
+
+
+def _options(strategy, system, world_size):
+    return {"strategy": strategy, **({"grid": (1, 1, world_size)} if system.startswith("slab") else {})}
+
+
+def _every_case(rank, world_size):
+    return {
+        (strategy, system): distributed_outputs(rank, world_size, WholeSystemMPNN, make(),
+                                                _options(strategy, system, world_size), True, spec)
+        for strategy, spec in SPECS.items()
+        for system, make in SYSTEMS.items()
+    }
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_whole_system_reductions_equal_one_process(world_size):
+    parts = run_ranks(_every_case, world_size, timeout=600)
+    for system, make in SYSTEMS.items():
+        batch = make()
+        reference = WholeSystemMPNN()(batch.clone(), compute_stress=True)
+        for strategy in SPECS:
+            ranks = [p[strategy, system] for p in parts]
+            forces = gather_by_id(ranks, "forces", batch.num_atoms)
+            for key, value in (("energy", ranks[0]["energy"]), ("forces", forces), ("stress", ranks[0]["stress"])):
+                diff = relative_difference(value, reference[key].detach())
+                assert diff <= 1e-10, (strategy, system, key, diff)
+            for r in ranks[1:]:
+                assert relative_difference(r["energy"], ranks[0]["energy"]) < 1e-14
+
+
+class _StdOverAtoms(WholeSystemMPNN):
+    """Normalises by the standard deviation over all atoms: no exact cross-rank rule."""
+
+    def atomic_energies(self, batch, positions, cell):
+        energies = super().atomic_energies(batch, positions, cell)
+        return energies / energies.std()
+
+
+def _refusal(rank, world_size):
+    try:
+        distributed_outputs(rank, world_size, _StdOverAtoms, triclinic(species=SPECIES, spacing=3.0, reps=3),
+                            {"strategy": "halo"}, False, SPEC_MPNN_HALO)
+    except NotImplementedError as error:
+        return str(error)
+    return None
+
+
+def test_a_reduction_over_atoms_without_a_rule_is_refused_on_every_rank():
+    messages = run_ranks(_refusal, 2)
+    for message in messages:
+        assert message is not None and "`std` over the atom/edge rows" in message
+        assert "mean(x**2) - mean(x)**2" in message

@@ -43,6 +43,7 @@ PINNED = [
     "row_mean",
     "row_extreme",
     "row_reduction_refused",
+    "row_contraction",
     "replicated_to_rows",
     "halo_scatter",
     "per_system_reduce",

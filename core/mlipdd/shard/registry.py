@@ -60,11 +60,12 @@ PRECEDENCE: list[str] = [
     # a replicated value times the number 0 stays plain (every layout; NOTE [whole sums
     # are replicated] in `mlipdd.shard.handlers`)
     "zero_product",
-    # means and extremes over atom/edge rows, and the reductions over rows with no exact
-    # cross-rank form, refused (halo and sharded storage: `mlipdd.shard.row_reductions`)
+    # means, extremes and products over atom/edge rows, and the reductions over rows with
+    # no exact cross-rank form, refused (halo and sharded: `mlipdd.shard.row_reductions`)
     "row_mean",
     "row_extreme",
     "row_reduction_refused",
+    "row_contraction",
     # a replicated value meeting per-rank rows in arithmetic or indexing (every layout;
     # after the sharded rules, whose predicates never accept a replicated operand first)
     "replicated_to_rows",

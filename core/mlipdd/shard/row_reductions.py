@@ -167,6 +167,41 @@ class _AllReduceExtreme(torch.autograd.Function):
         return grad * holds / holders.clamp(min=1), None, None
 
 
+# ---- contractions over the rows --------------------------------------------------------------
+_CONTRACTIONS = (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.dot, torch.Tensor.dot)
+
+
+def _is_row_contraction(func, meta, args, kwargs) -> bool:
+    """``q @ x`` / ``torch.dot(q, p)`` (1-D rows first) or ``x.T @ y`` (rows along the first
+    operand's last dim): a sum over the atoms or edges, as in a dipole ``q @ r``."""
+    if len(args) != 2 or kwargs or not (meta.layout.is_halo() or meta.layout.is_sharded()):
+        return False
+    if not meta.system_reductions:
+        return False
+    a, b = args
+    if not (isinstance(a, ShardTensor) and isinstance(b, ShardTensor)) or b.dim() == 0 or a.dim() == 0:
+        return False
+    if a.meta.layout.is_replicated() or b.meta.layout.is_replicated():
+        return False
+    rows = meta.row_kind(b.shape[0])
+    if rows == "other" or a.dim() > 2:
+        return False
+    if a.dim() == 1:
+        return a.shape[0] == b.shape[0]
+    # (k, n) @ (n, m): the transposed rows; a (n, n) first operand is rows already
+    return a.shape[1] == b.shape[0] and meta.row_kind(a.shape[0]) == "other"
+
+
+@_on_rows(*_CONTRACTIONS, name="row_contraction", predicate=_is_row_contraction)
+def row_contraction(func, meta: ShardMeta, args, kwargs):
+    """The contraction over counted rows on every rank, summed over ranks (replicated)."""
+    a, b = local(args[0]), local(args[1])
+    rows = _counted_rows(meta, b.shape[0], "a product over the rows")
+    with torch._C.DisableTorchFunctionSubclass():
+        partial = func(a[..., rows], b[rows])
+    return replicated(all_reduce_sum(partial, meta.group), meta)
+
+
 # ---- the rest: refused --------------------------------------------------------------------
 # (max/min along dim 0 reach this rule only in the forms `row_extreme` declines: with a
 # dim, which also returns the rows' positions)

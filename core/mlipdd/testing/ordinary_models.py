@@ -15,8 +15,9 @@ read by sender index (``state[sender]``) and accumulated with in-place ``index_a
   pair energy.
 * `WholeSystemMPNN`: one system written with whole-tensor reductions over the atoms
   (``q - q.mean()`` for neutral charges, ``(q * q).sum()`` fed back into every atom, a
-  softmax over all atoms shifted by ``chi.max()``, ``features.abs().amax()``), as a
-  single-system model is often written.
+  softmax over all atoms shifted by ``chi.max()``, ``features.abs().amax()``, products
+  over the atoms ``q @ x``, ``torch.dot``, ``x.T @ x``), as a single-system model is
+  often written.
 """
 
 from __future__ import annotations
@@ -169,4 +170,7 @@ class WholeSystemMPNN(_OrdinaryMPNN):
         weights = torch.exp(chi - chi.max())
         weights = weights / weights.sum()  # attention over every atom of the system
         pooled = (weights.unsqueeze(1) * features).sum(0)
-        return features @ self.readout + 0.5 * charges**2 + 0.05 * features @ pooled + 0.01 * chi.amax()
+        polarity = charges @ features  # (features,): a contraction over the atoms
+        coupling = torch.dot(charges, raw) + (features.T @ features).trace()
+        return (features @ self.readout + 0.5 * charges**2 + 0.05 * features @ (pooled + polarity)
+                + 0.01 * chi.amax() + 1e-3 * torch.tanh(coupling))

@@ -44,6 +44,7 @@ PINNED = [
     "row_extreme",
     "row_reduction_refused",
     "row_contraction",
+    "row_einsum",
     "replicated_to_rows",
     "halo_scatter",
     "per_system_reduce",

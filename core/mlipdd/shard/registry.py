@@ -66,6 +66,7 @@ PRECEDENCE: list[str] = [
     "row_extreme",
     "row_reduction_refused",
     "row_contraction",
+    "row_einsum",
     # a replicated value meeting per-rank rows in arithmetic or indexing (every layout;
     # after the sharded rules, whose predicates never accept a replicated operand first)
     "replicated_to_rows",

@@ -202,6 +202,55 @@ def row_contraction(func, meta: ShardMeta, args, kwargs):
     return replicated(all_reduce_sum(partial, meta.group), meta)
 
 
+def _einsum_parts(args):
+    equation, operands = args[0], args[1:]
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    return equation.replace(" ", ""), operands
+
+
+def _rows_letter(equation: str, operands, meta) -> str | None:
+    """The subscript that labels the rows when an einsum sums over them, else None."""
+    if "->" not in equation or "." in equation:
+        return None
+    inputs, output = equation.split("->")
+    letters = inputs.split(",")
+    if len(letters) != len(operands):
+        return None
+    for subscripts, x in zip(letters, operands):
+        if (isinstance(x, ShardTensor) and not x.meta.layout.is_replicated() and x.dim() > 0
+                and subscripts and meta.row_kind(x.shape[0]) != "other" and subscripts[0] not in output):
+            return subscripts[0]
+    return None
+
+
+def _is_row_einsum(func, meta, args, kwargs) -> bool:
+    if kwargs or len(args) < 2 or not isinstance(args[0], str) or not meta.system_reductions:
+        return False
+    if not (meta.layout.is_halo() or meta.layout.is_sharded()):
+        return False
+    return _rows_letter(*_einsum_parts(args), meta) is not None
+
+
+@_on_rows(torch.einsum, name="row_einsum", predicate=_is_row_einsum)
+def row_einsum(func, meta: ShardMeta, args, kwargs):
+    """An einsum that sums over the rows (``"n,nk->k"``): counted rows of every operand
+    that carries the rows' subscript, then summed over ranks (replicated)."""
+    equation, operands = _einsum_parts(args)
+    letter = _rows_letter(equation, operands, meta)
+    plain = []
+    for subscripts, x in zip(equation.split("->")[0].split(","), operands):
+        x = local(x)
+        if letter in subscripts:
+            axis = subscripts.index(letter)
+            rows = _counted_rows(meta, x.shape[axis], "an einsum over the rows")
+            x = x[(slice(None),) * axis + (rows,)]
+        plain.append(x)
+    with torch._C.DisableTorchFunctionSubclass():
+        partial = torch.einsum(equation, *plain)
+    return replicated(all_reduce_sum(partial, meta.group), meta)
+
+
 # ---- the rest: refused --------------------------------------------------------------------
 # (max/min along dim 0 reach this rule only in the forms `row_extreme` declines: with a
 # dim, which also returns the rows' positions)

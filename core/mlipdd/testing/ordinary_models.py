@@ -16,8 +16,8 @@ read by sender index (``state[sender]``) and accumulated with in-place ``index_a
 * `WholeSystemMPNN`: one system written with whole-tensor reductions over the atoms
   (``q - q.mean()`` for neutral charges, ``(q * q).sum()`` fed back into every atom, a
   softmax over all atoms shifted by ``chi.max()``, ``features.abs().amax()``, products
-  over the atoms ``q @ x``, ``torch.dot``, ``x.T @ x``), as a single-system model is
-  often written.
+  over the atoms ``q @ x``, ``torch.dot``, ``x.T @ x``, ``einsum("n,nk,k->")``), as a
+  single-system model is often written.
 """
 
 from __future__ import annotations
@@ -172,5 +172,6 @@ class WholeSystemMPNN(_OrdinaryMPNN):
         pooled = (weights.unsqueeze(1) * features).sum(0)
         polarity = charges @ features  # (features,): a contraction over the atoms
         coupling = torch.dot(charges, raw) + (features.T @ features).trace()
+        projection = torch.einsum("n,nk,k->", charges, features, self.readout)
         return (features @ self.readout + 0.5 * charges**2 + 0.05 * features @ (pooled + polarity)
-                + 0.01 * chi.amax() + 1e-3 * torch.tanh(coupling))
+                + 0.01 * chi.amax() + 1e-3 * torch.tanh(coupling) + 0.01 * projection)

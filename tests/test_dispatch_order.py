@@ -34,6 +34,8 @@ PINNED = [
     "stack_rows",
     "unstack_rows",
     "stacked_as_rows",
+    "index_put_as_index_add",
+    "bincount_rows",
     "sharded_row_count",
     "sharded_gather",
     "sharded_scatter",

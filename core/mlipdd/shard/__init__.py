@@ -6,6 +6,7 @@ from mlipdd.shard import handlers as _handlers  # noqa: F401
 from mlipdd.shard import owned_rows as _owned_rows  # noqa: F401
 from mlipdd.shard import replicated as _replicated  # noqa: F401
 from mlipdd.shard import row_reductions as _row_reductions  # noqa: F401
+from mlipdd.shard import scatter_spellings as _scatter_spellings  # noqa: F401
 from mlipdd.shard import sharded_handlers as _sharded_handlers  # noqa: F401
 from mlipdd.shard import stacked as _stacked  # noqa: F401
 from mlipdd.shard.exchange import (

@@ -18,6 +18,8 @@ read by sender index (``state[sender]``) and accumulated with in-place ``index_a
   softmax over all atoms shifted by ``chi.max()``, ``features.abs().amax()``, products
   over the atoms ``q @ x``, ``torch.dot``, ``x.T @ x``, ``einsum("n,nk,k->")``), as a
   single-system model is often written.
+* `DegreeMPNN`: messages summed with ``index_put_(..., accumulate=True)`` and divided by
+  the out-degree of each atom, ``torch.bincount(sender[d < cutoff], minlength=n_atoms)``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from mlipdd.data import Batch, InputError
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig
 from mlipdd.testing.toy_models import cosine_envelope
 
-__all__ = ["ChargeMPNN", "VectorMPNN", "WholeSystemMPNN"]
+__all__ = ["ChargeMPNN", "DegreeMPNN", "VectorMPNN", "WholeSystemMPNN"]
 
 
 class _OrdinaryMPNN(ModelWrapper):
@@ -175,3 +177,24 @@ class WholeSystemMPNN(_OrdinaryMPNN):
         projection = torch.einsum("n,nk,k->", charges, features, self.readout)
         return (features @ self.readout + 0.5 * charges**2 + 0.05 * features @ (pooled + polarity)
                 + 0.01 * chi.amax() + 1e-3 * torch.tanh(coupling) + 0.01 * projection)
+
+
+class DegreeMPNN(_OrdinaryMPNN):
+    def __init__(self, cutoff: float = 4.5, features: int = 8, layers: int = 2, n_basis: int = 8,
+                 species=(1, 8), seed: int = 3, dtype=torch.float64):
+        super().__init__(cutoff, features, n_basis, species, seed, dtype)
+        self.radial = nn.ParameterList([self._weight(n_basis, features) for _ in range(layers)])
+        self.update = nn.ParameterList([self._weight(features, features) for _ in range(layers)])
+        self.readout = self._weight(features)
+
+    def atomic_energies(self, batch: Batch, positions: torch.Tensor, cell: torch.Tensor) -> torch.Tensor:
+        sender, receiver, _, d, _, basis = self._edges(batch, positions, cell)
+        n_atoms = batch.num_atoms
+        features = self.embed[self._species(batch.atomic_numbers)]
+        # how many neighbours each atom sends to (the list's skin edges are not neighbours)
+        out_degree = torch.bincount(sender[d < self.cutoff], minlength=n_atoms).clamp(min=1)
+        for radial, update in zip(self.radial, self.update):
+            summed = torch.zeros(n_atoms, self.features, dtype=positions.dtype, device=positions.device)
+            summed = summed.index_put_((receiver,), (basis @ radial) * features[sender], accumulate=True)
+            features = features + torch.tanh((summed / out_degree.unsqueeze(1)) @ update)
+        return features @ self.readout

@@ -1,12 +1,15 @@
-"""Whole-tensor reductions over the atoms inside a model equal one process's, with gradients.
+"""Idioms of ordinary models that the scatter and per-system rules alone did not see.
 
-A single-system model is often written with ``q - q.mean()``, ``(q * q).sum()``,
+Whole-tensor reductions over the atoms (`WholeSystemMPNN`): a single-system model is often written with ``q - q.mean()``, ``(q * q).sum()``,
 ``x.max()`` and ``x.amax()`` over all atoms (`WholeSystemMPNN`). Each rank holds only
 some atoms, so these reduce the counted rows over ranks and come back replicated; their
 uses per atom then carry the gradient shares of every rank (NOTE [whole sums are
 replicated] in mlipdd.shard.handlers). Before, a whole sum gave each rank only its own
 share of the gradient (forces off by ~1e-3 relative) and a mean or a max the rank's own
 rows. Reductions over rows with no exact cross-rank rule are refused with the fix.
+
+Other spellings of a scatter-add (`DegreeMPNN`, mlipdd.shard.scatter_spellings): an
+accumulating ``index_put_`` and an out-degree ``torch.bincount(sender, minlength=n)``.
 """
 
 import pytest
@@ -14,11 +17,12 @@ import torch
 from mlipdd.spec.presets import SPEC_MPNN_HALO, SPEC_MPNN_SHARDED
 from mlipdd.testing import run_ranks
 from mlipdd.testing.conformance import distributed_outputs, gather_by_id, relative_difference
-from mlipdd.testing.ordinary_models import WholeSystemMPNN
+from mlipdd.testing.ordinary_models import DegreeMPNN, WholeSystemMPNN
 from mlipdd.testing.systems import slab, small_cell, triclinic
 
 SPECIES = (1, 8)
 SPECS = {"halo": SPEC_MPNN_HALO, "sharded": SPEC_MPNN_SHARDED}
+MODELS = {"whole_system": WholeSystemMPNN, "degree": DegreeMPNN}
 SYSTEMS = {
     "triclinic": lambda: triclinic(species=SPECIES, spacing=3.0, reps=4),
     "own_images": lambda: small_cell(species=SPECIES, spacing=2.6, reps=3),
@@ -33,27 +37,27 @@ def _options(strategy, system, world_size):
 
 def _every_case(rank, world_size):
     return {
-        (strategy, system): distributed_outputs(rank, world_size, WholeSystemMPNN, make(),
-                                                _options(strategy, system, world_size), True, spec)
+        (model, strategy, system): distributed_outputs(rank, world_size, factory, make(),
+                                                       _options(strategy, system, world_size), True, spec)
+        for model, factory in MODELS.items()
         for strategy, spec in SPECS.items()
         for system, make in SYSTEMS.items()
     }
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
-def test_whole_system_reductions_equal_one_process(world_size):
+def test_ordinary_idioms_equal_one_process(world_size):
     parts = run_ranks(_every_case, world_size, timeout=600)
-    for system, make in SYSTEMS.items():
-        batch = make()
-        reference = WholeSystemMPNN()(batch.clone(), compute_stress=True)
-        for strategy in SPECS:
-            ranks = [p[strategy, system] for p in parts]
-            forces = gather_by_id(ranks, "forces", batch.num_atoms)
-            for key, value in (("energy", ranks[0]["energy"]), ("forces", forces), ("stress", ranks[0]["stress"])):
-                diff = relative_difference(value, reference[key].detach())
-                assert diff <= 1e-10, (strategy, system, key, diff)
-            for r in ranks[1:]:
-                assert relative_difference(r["energy"], ranks[0]["energy"]) < 1e-14
+    for (model, strategy, system), _ in parts[0].items():
+        batch = SYSTEMS[system]()
+        reference = MODELS[model]()(batch.clone(), compute_stress=True)
+        ranks = [p[model, strategy, system] for p in parts]
+        forces = gather_by_id(ranks, "forces", batch.num_atoms)
+        for key, value in (("energy", ranks[0]["energy"]), ("forces", forces), ("stress", ranks[0]["stress"])):
+            diff = relative_difference(value, reference[key].detach())
+            assert diff <= 1e-10, (model, strategy, system, key, diff)
+        for r in ranks[1:]:
+            assert relative_difference(r["energy"], ranks[0]["energy"]) < 1e-14
 
 
 class _StdOverAtoms(WholeSystemMPNN):

@@ -47,6 +47,7 @@ PINNED = [
     "row_reduction_refused",
     "row_contraction",
     "row_einsum",
+    "all_pairs_refused",
     "replicated_to_rows",
     "halo_scatter",
     "per_system_reduce",

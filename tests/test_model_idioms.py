@@ -68,19 +68,29 @@ class _StdOverAtoms(WholeSystemMPNN):
         return energies / energies.std()
 
 
-def _refusal(rank, world_size):
+class _AllPairs(WholeSystemMPNN):
+    """A pair term over all pairs of atoms (torch.cdist), not over the neighbour list."""
+
+    def atomic_energies(self, batch, positions, cell):
+        energies = super().atomic_energies(batch, positions, cell)
+        return energies + torch.exp(-torch.cdist(positions, positions)).sum(1)
+
+
+def _refusal(rank, world_size, factory, strategy, spec):
     try:
-        distributed_outputs(rank, world_size, _StdOverAtoms, triclinic(species=SPECIES, spacing=3.0, reps=3),
-                            {"strategy": "halo"}, False, SPEC_MPNN_HALO)
+        distributed_outputs(rank, world_size, factory, triclinic(species=SPECIES, spacing=3.0, reps=3),
+                            {"strategy": strategy}, False, spec)
     except Exception as error:  # noqa: BLE001 - its own refusal, or the first rank's relayed
         return str(error)
     return None
 
 
-def test_a_reduction_over_atoms_without_a_rule_is_refused_on_every_rank():
+def test_what_has_no_cross_rank_rule_is_refused_on_every_rank():
     """Each rank raises the refusal, or (when it was waiting in a collective) the first
     rank's refusal relayed by fail_together: either way the message with the fix."""
-    messages = run_ranks(_refusal, 2)
-    for message in messages:
+    for message in run_ranks(_refusal, 2, _StdOverAtoms, "halo", SPEC_MPNN_HALO):
         assert message is not None and "`std` over the atom/edge rows" in message
         assert "mean(x**2) - mean(x)**2" in message
+    for message in run_ranks(_refusal, 2, _AllPairs, "sharded", SPEC_MPNN_SHARDED):
+        assert message is not None and "torch.cdist over the atoms (all pairs)" in message
+        assert "neighbour list" in message

@@ -70,6 +70,7 @@ PRECEDENCE: list[str] = [
     "row_reduction_refused",
     "row_contraction",
     "row_einsum",
+    "all_pairs_refused",
     # a replicated value meeting per-rank rows in arithmetic or indexing (every layout;
     # after the sharded rules, whose predicates never accept a replicated operand first)
     "replicated_to_rows",

@@ -9,7 +9,8 @@ result equals one process's and is replicated (NOTE [whole sums are replicated] 
 `mlipdd.shard.handlers` for the sum, whose rules live with each layout's other rules).
 
 Reductions over rows with no exact cross-rank form here (variance, norms, products,
-medians, positions of extremes, running sums) raise with the fix instead of answering.
+medians, positions of extremes, running sums), and all-pairs distances of the atoms
+(``torch.cdist``), raise with the fix instead of answering.
 Reductions along other dimensions (``vectors.norm(dim=-1)``, per-row means) are per-row
 and stay local.
 """
@@ -264,4 +265,21 @@ def row_reduction_refused(func, meta: ShardMeta, args, kwargs):
         "means or amax/amin over the rows (for example a variance as mean(x**2) - mean(x)**2, a "
         "norm as sqrt((x**2).sum())), reduce per system with index_add/scatter_add, or reduce "
         "along the other dimensions (dim=-1)"
+    )
+
+
+def _all_pairs_of_rows(func, meta, args, kwargs) -> bool:
+    return (meta.layout.is_halo() or meta.layout.is_sharded()) and any(
+        isinstance(x, ShardTensor) and not x.meta.layout.is_replicated() and x.dim() > 0
+        and meta.row_kind(x.shape[-2] if x.dim() > 1 else x.shape[0]) == "node" for x in args[:2])
+
+
+@_on_rows(torch.cdist, name="all_pairs_refused", predicate=_all_pairs_of_rows)
+def all_pairs_refused(func, meta: ShardMeta, args, kwargs):
+    raise NotImplementedError(
+        "torch.cdist over the atoms (all pairs) under domain decomposition: a rank holds its own "
+        "atoms and a shell of ghosts within the cutoff, so the pairs it could form are not all "
+        "pairs and the result would be wrong. Build pair terms from the neighbour list "
+        "(batch.neighbors, within the cutoff); for long-range electrostatics use the ewald_pme "
+        "plugin (Ewald, PME or DSF over the neighbour list)"
     )

@@ -35,6 +35,7 @@ PINNED = [
     "unstack_rows",
     "stacked_as_rows",
     "index_put_as_index_add",
+    "scatter_mean_as_sums",
     "bincount_rows",
     "sharded_row_count",
     "sharded_gather",

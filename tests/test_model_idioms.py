@@ -9,8 +9,11 @@ share of the gradient (forces off by ~1e-3 relative) and a mean or a max the ran
 rows. Reductions over rows with no exact cross-rank rule are refused with the fix.
 
 Other spellings of a scatter-add (`DegreeMPNN`, mlipdd.shard.scatter_spellings): an
-accumulating ``index_put_`` and an out-degree ``torch.bincount(sender, minlength=n)``.
+accumulating ``index_put_``, an out-degree ``torch.bincount(sender, minlength=n)`` and
+a mean aggregation ``scatter_reduce(..., "mean")``.
 """
+
+import functools
 
 import pytest
 import torch
@@ -22,7 +25,12 @@ from mlipdd.testing.systems import slab, small_cell, triclinic
 
 SPECIES = (1, 8)
 SPECS = {"halo": SPEC_MPNN_HALO, "sharded": SPEC_MPNN_SHARDED}
-MODELS = {"whole_system": WholeSystemMPNN, "degree": DegreeMPNN}
+# model -> (factory, DomainConfig options): a mean over the listed edges counts the skin's
+MODELS = {
+    "whole_system": (WholeSystemMPNN, {}),
+    "degree": (DegreeMPNN, {}),
+    "mean_aggregation": (functools.partial(DegreeMPNN, mean_aggregation=True), {"skin": 0.0}),
+}
 SYSTEMS = {
     "triclinic": lambda: triclinic(species=SPECIES, spacing=3.0, reps=4),
     "own_images": lambda: small_cell(species=SPECIES, spacing=2.6, reps=3),
@@ -31,15 +39,15 @@ SYSTEMS = {
 }
 
 
-def _options(strategy, system, world_size):
-    return {"strategy": strategy, **({"grid": (1, 1, world_size)} if system.startswith("slab") else {})}
+def _options(strategy, system, world_size, extra):
+    return {"strategy": strategy, **extra, **({"grid": (1, 1, world_size)} if system.startswith("slab") else {})}
 
 
 def _every_case(rank, world_size):
     return {
         (model, strategy, system): distributed_outputs(rank, world_size, factory, make(),
-                                                       _options(strategy, system, world_size), True, spec)
-        for model, factory in MODELS.items()
+                                                       _options(strategy, system, world_size, extra), True, spec)
+        for model, (factory, extra) in MODELS.items()
         for strategy, spec in SPECS.items()
         for system, make in SYSTEMS.items()
     }
@@ -50,7 +58,7 @@ def test_ordinary_idioms_equal_one_process(world_size):
     parts = run_ranks(_every_case, world_size, timeout=600)
     for (model, strategy, system), _ in parts[0].items():
         batch = SYSTEMS[system]()
-        reference = MODELS[model]()(batch.clone(), compute_stress=True)
+        reference = MODELS[model][0]()(batch.clone(), compute_stress=True)
         ranks = [p[model, strategy, system] for p in parts]
         forces = gather_by_id(ranks, "forces", batch.num_atoms)
         for key, value in (("energy", ranks[0]["energy"]), ("forces", forces), ("stress", ranks[0]["stress"])):

@@ -10,6 +10,9 @@ the rules handle, and dispatched again:
 
 * ``x.index_put_((index,), values, accumulate=True)`` is ``x.index_add_(0, index, values)``
   (also out of place, and through ``torch.index_put``);
+* ``scatter_reduce(0, index, src, "mean")`` into atom rows (a mean aggregation), and
+  ``"sum"`` with ``include_self=False``, are two scatter-adds (of ``src`` and of ones)
+  and an elementwise division or choice;
 * ``torch.bincount(index, weights, minlength=n)`` with ``n`` the atom rows of this layout
   is a scatter of ones (or ``weights``) into atom rows: an ``index_add`` into
   ``torch.zeros(n)``; any other ``bincount`` of rows is a histogram over all atoms or
@@ -41,7 +44,7 @@ from mlipdd.shard.layouts import Layout
 from mlipdd.shard.owned_rows import RowCount
 from mlipdd.shard.registry import register
 from mlipdd.shard.replicated import replicated
-from mlipdd.shard.tensor import ShardMeta, ShardTensor, local
+from mlipdd.shard.tensor import ShardMeta, ShardTensor, local, poison
 
 _INDEX_PUTS = (torch.Tensor.index_put_, torch.Tensor.index_put, torch.index_put)
 
@@ -69,6 +72,46 @@ def index_put_as_index_add(func, meta, args, kwargs):
     if func is torch.Tensor.index_put_:
         return target.index_add_(0, index, values)  # in place: the scatter rules' rebind check
     return target.index_add(0, index, values)
+
+
+_SCATTER_REDUCES = (torch.Tensor.scatter_reduce, torch.Tensor.scatter_reduce_, torch.scatter_reduce)
+
+
+def _scatter_reduce_args(args, kwargs):
+    names = ("input", "dim", "index", "src", "reduce")
+    values = dict(zip(names, args))
+    values.update({k: v for k, v in kwargs.items() if k in names})
+    return values, kwargs.get("include_self", True)
+
+
+def _reduces_by_sums(func, meta, args, kwargs) -> bool:
+    """A mean (or a sum without the target's own values) scattered into atom rows."""
+    layout = meta.layout
+    if not _on_rows(meta) or not (layout.correct_scatters if layout.is_halo() else layout.route_scatters):
+        return False  # a local scatter (the spec says so): torch's own scatter_reduce
+    values, include_self = _scatter_reduce_args(args, kwargs)
+    target, dim = values.get("input"), values.get("dim")
+    if target is None or dim is None or target.dim() == 0:
+        return False
+    dim = dim + target.dim() if dim < 0 else dim
+    by_sums = values.get("reduce") == "mean" or (values.get("reduce") == "sum" and not include_self)
+    return by_sums and dim == 0 and meta.row_kind(target.shape[0]) == "node"
+
+
+@register(Layout, *_SCATTER_REDUCES, name="scatter_mean_as_sums", predicate=_reduces_by_sums,
+          doc="scatter_reduce 'mean' (or 'sum' without self) into atom rows: two scatter-adds, then a division.")
+def scatter_mean_as_sums(func, meta, args, kwargs):
+    values, include_self = _scatter_reduce_args(args, kwargs)
+    target, index, src = values["input"], values["index"], values["src"]
+    sums = torch.zeros_like(target).scatter_add(0, index, src)
+    counts = torch.zeros_like(target).scatter_add(0, index, torch.ones_like(src))
+    if values["reduce"] == "mean":
+        out = (target + sums) / (counts + 1) if include_self else torch.where(counts > 0, sums / counts.clamp(min=1), target)
+    else:
+        out = torch.where(counts > 0, sums, target)
+    if func is torch.Tensor.scatter_reduce_:
+        poison(target, "scatter_reduce_")  # in place, answered out of place: rebind (NOTE [dropped rebind])
+    return out
 
 
 def _bincount_args(args, kwargs):

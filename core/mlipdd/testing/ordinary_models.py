@@ -19,7 +19,10 @@ read by sender index (``state[sender]``) and accumulated with in-place ``index_a
   over the atoms ``q @ x``, ``torch.dot``, ``x.T @ x``, ``einsum("n,nk,k->")``), as a
   single-system model is often written.
 * `DegreeMPNN`: messages summed with ``index_put_(..., accumulate=True)`` and divided by
-  the out-degree of each atom, ``torch.bincount(sender[d < cutoff], minlength=n_atoms)``.
+  the out-degree of each atom, ``torch.bincount(sender[d < cutoff], minlength=n_atoms)``;
+  with ``mean_aggregation=True`` a second layer averages its messages with
+  ``scatter_reduce(..., "mean")`` (which counts every listed edge: the result depends on
+  the list's skin, so compare it at skin 0).
 """
 
 from __future__ import annotations
@@ -181,8 +184,9 @@ class WholeSystemMPNN(_OrdinaryMPNN):
 
 class DegreeMPNN(_OrdinaryMPNN):
     def __init__(self, cutoff: float = 4.5, features: int = 8, layers: int = 2, n_basis: int = 8,
-                 species=(1, 8), seed: int = 3, dtype=torch.float64):
+                 species=(1, 8), seed: int = 3, dtype=torch.float64, mean_aggregation: bool = False):
         super().__init__(cutoff, features, n_basis, species, seed, dtype)
+        self.mean_aggregation = mean_aggregation
         self.radial = nn.ParameterList([self._weight(n_basis, features) for _ in range(layers)])
         self.update = nn.ParameterList([self._weight(features, features) for _ in range(layers)])
         self.readout = self._weight(features)
@@ -193,8 +197,14 @@ class DegreeMPNN(_OrdinaryMPNN):
         features = self.embed[self._species(batch.atomic_numbers)]
         # how many neighbours each atom sends to (the list's skin edges are not neighbours)
         out_degree = torch.bincount(sender[d < self.cutoff], minlength=n_atoms).clamp(min=1)
-        for radial, update in zip(self.radial, self.update):
-            summed = torch.zeros(n_atoms, self.features, dtype=positions.dtype, device=positions.device)
-            summed = summed.index_put_((receiver,), (basis @ radial) * features[sender], accumulate=True)
-            features = features + torch.tanh((summed / out_degree.unsqueeze(1)) @ update)
+        for layer, (radial, update) in enumerate(zip(self.radial, self.update)):
+            messages = (basis @ radial) * features[sender]
+            if self.mean_aggregation and layer == 1:
+                slots = receiver.unsqueeze(1).expand(-1, self.features)
+                aggregated = features.scatter_reduce(0, slots, messages, "mean")  # the atom's own row counts too
+            else:
+                summed = torch.zeros(n_atoms, self.features, dtype=positions.dtype, device=positions.device)
+                summed = summed.index_put_((receiver,), messages, accumulate=True)
+                aggregated = summed / out_degree.unsqueeze(1)
+            features = features + torch.tanh(aggregated @ update)
         return features @ self.readout

@@ -36,7 +36,6 @@ PINNED = [
     "stacked_as_rows",
     "index_put_as_index_add",
     "scatter_mean_as_sums",
-    "bincount_rows",
     "sharded_row_count",
     "sharded_gather",
     "sharded_scatter",

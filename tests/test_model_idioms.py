@@ -9,8 +9,7 @@ share of the gradient (forces off by ~1e-3 relative) and a mean or a max the ran
 rows. Reductions over rows with no exact cross-rank rule are refused with the fix.
 
 Other spellings of a scatter-add (`DegreeMPNN`, mlipdd.shard.scatter_spellings): an
-accumulating ``index_put_``, an out-degree ``torch.bincount(sender, minlength=n)`` and
-a mean aggregation ``scatter_reduce(..., "mean")``.
+accumulating ``index_put_`` and a mean aggregation ``scatter_reduce(..., "mean")``.
 """
 
 import functools

@@ -50,10 +50,9 @@ PRECEDENCE: list[str] = [
     "stack_rows",
     "unstack_rows",
     "stacked_as_rows",
-    # other spellings of a sum into rows, rewritten into the ones below (dispatched again)
+    # other spellings of a sum into atom rows, rewritten into the ones below (dispatched again)
     "index_put_as_index_add",
     "scatter_mean_as_sums",
-    "bincount_rows",
     # sharded storage: owned rows only. A node scatter is tried before a per-system one
     # (the strategy refuses the layouts where the two have the same number of rows).
     "sharded_row_count",

@@ -9,8 +9,9 @@ result equals one process's and is replicated (NOTE [whole sums are replicated] 
 `mlipdd.shard.handlers` for the sum, whose rules live with each layout's other rules).
 
 Reductions over rows with no exact cross-rank form here (variance, norms, products,
-medians, positions of extremes, running sums), and all-pairs distances of the atoms
-(``torch.cdist``), raise with the fix instead of answering.
+medians, positions of extremes), and all-pairs distances of the atoms (``torch.cdist``),
+raise with the fix instead of answering. Running sums (``cumsum``) stay local: they
+build a rank's own index structures (offsets into its neighbour rows).
 Reductions along other dimensions (``vectors.norm(dim=-1)``, per-row means) are per-row
 and stay local.
 """
@@ -38,10 +39,8 @@ _REFUSED = (
     torch.std_mean, torch.var_mean, torch.norm, torch.Tensor.norm, torch.linalg.norm,
     torch.linalg.vector_norm, torch.logsumexp, torch.Tensor.logsumexp, torch.median,
     torch.Tensor.median, torch.nanmedian, torch.Tensor.nanmedian, torch.argmax, torch.Tensor.argmax,
-    torch.argmin, torch.Tensor.argmin, torch.cumsum, torch.Tensor.cumsum, torch.cumprod,
-    torch.Tensor.cumprod,
+    torch.argmin, torch.Tensor.argmin,
 )
-_RUNNING = (torch.cumsum, torch.Tensor.cumsum, torch.cumprod, torch.Tensor.cumprod)
 
 
 def _on_rows(*ops, name: str, predicate):
@@ -62,9 +61,6 @@ def _rows_reduced(func, meta: ShardMeta, args, kwargs) -> bool:
     second = args[1] if len(args) > 1 else kwargs.get("other")
     if isinstance(second, torch.Tensor):  # torch.max(a, b) and the like: elementwise
         return False
-    if func in _RUNNING:  # a running sum along the rows only
-        dim = args[1] if len(args) > 1 else kwargs.get("dim")
-        return dim in (0, -x.dim())
     dims = _reduced_dims(func, args, kwargs)
     return dims is None or 0 in dims
 

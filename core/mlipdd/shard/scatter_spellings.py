@@ -1,50 +1,32 @@
-"""Other ways of writing a sum into rows: ``index_put_(..., accumulate=True)`` and
-``torch.bincount``.
+"""Other ways of writing a sum into atom rows: ``index_put_(..., accumulate=True)`` and
+``scatter_reduce(..., "mean")``.
 
-Both are scatter-adds, but not spelled as ``index_add``/``scatter_add``, so the halo and
-sharded scatter rules never saw them. Under halo storage an accumulating ``index_put_``
-into atom rows left the ghost partials with the ghosts (forces off by 3e-2 in a plain
-MPNN), and an out-degree ``torch.bincount(sender, minlength=n_atoms)`` missed the edges
-that live on other ranks (forces off by 40 %). Here each is rewritten into the spelling
-the rules handle, and dispatched again:
+Neither is spelled ``index_add``/``scatter_add``, so the halo and sharded scatter rules
+never saw them: under halo storage an accumulating ``index_put_`` into atom rows left
+the ghost partials with the ghosts (forces off by 3e-2 in a plain MPNN), and a mean
+aggregation was refused. Each is rewritten into the spelling the rules handle, and
+dispatched again:
 
 * ``x.index_put_((index,), values, accumulate=True)`` is ``x.index_add_(0, index, values)``
   (also out of place, and through ``torch.index_put``);
-* ``scatter_reduce(0, index, src, "mean")`` into atom rows (a mean aggregation), and
-  ``"sum"`` with ``include_self=False``, are two scatter-adds (of ``src`` and of ones)
-  and an elementwise division or choice;
-* ``torch.bincount(index, weights, minlength=n)`` with ``n`` the atom rows of this layout
-  is a scatter of ones (or ``weights``) into atom rows: an ``index_add`` into
-  ``torch.zeros(n)``; any other ``bincount`` of rows is a histogram over all atoms or
-  edges: counted rows, a common length (the largest over ranks), summed over ranks, and
-  replicated.
+* ``scatter_reduce(0, index, src, "mean")`` into atom rows, and ``"sum"`` with
+  ``include_self=False``, are two scatter-adds (of ``src`` and of ones) and an
+  elementwise division or choice.
 
-The edge list is plain (not a ShardTensor), so ``torch.bincount(receiver, minlength=n)``
-never reaches the dispatch: `bincount_scope`, entered around the model call by the halo
-and sharded strategies, wraps ``torch.bincount`` for that call only (as the factories are
-wrapped, NOTE [patched factories] in `mlipdd.shard.owned_rows`) and sends a plain index
-with an atom-row ``minlength`` the same way.
+``torch.bincount`` is left alone on purpose: on the edge list it usually builds a
+rank's own index structure (counts, then ``cumsum`` offsets into a padded neighbour
+matrix, as the aimnet2 plugin does), where the local count is the right one. A degree
+used as physics (a mean over neighbours) is written ``index_add`` of ones, which the
+scatter rules complete over ranks.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import threading
-from collections.abc import Iterator
-from contextvars import ContextVar
-
 import torch
-import torch.distributed as dist
 
-from mlipdd.comm import group_size
-from mlipdd.shard.exchange import all_reduce_sum
-from mlipdd.shard.handlers import _counted_rows
 from mlipdd.shard.layouts import Layout
-from mlipdd.shard.owned_rows import RowCount
 from mlipdd.shard.registry import register
-from mlipdd.shard.replicated import replicated
-from mlipdd.shard.tensor import ShardMeta, ShardTensor, local, poison
+from mlipdd.shard.tensor import ShardMeta, poison
 
 _INDEX_PUTS = (torch.Tensor.index_put_, torch.Tensor.index_put, torch.index_put)
 
@@ -112,97 +94,3 @@ def scatter_mean_as_sums(func, meta, args, kwargs):
     if func is torch.Tensor.scatter_reduce_:
         poison(target, "scatter_reduce_")  # in place, answered out of place: rebind (NOTE [dropped rebind])
     return out
-
-
-def _bincount_args(args, kwargs):
-    index = args[0] if args else kwargs["input"]
-    weights = args[1] if len(args) > 1 else kwargs.get("weights")
-    minlength = args[2] if len(args) > 2 else kwargs.get("minlength", 0)
-    return index, weights, minlength
-
-
-def _rows_tensor(t) -> bool:
-    return isinstance(t, ShardTensor) and not t.meta.layout.is_replicated()
-
-
-def _bincounts_rows(func, meta, args, kwargs) -> bool:
-    """A count into atom rows (any index, e.g. the receivers within the cutoff), or a
-    histogram of atom or edge rows."""
-    index, weights, minlength = _bincount_args(args, kwargs)
-    if not (_on_rows(meta) and meta.system_reductions and (_rows_tensor(index) or _rows_tensor(weights))):
-        return False
-    return _counts_atom_rows(meta, minlength) or (_rows_tensor(index) and meta.row_kind(index.shape[0]) != "other")
-
-
-@register(Layout, torch.bincount, name="bincount_rows", predicate=_bincounts_rows,
-          doc="torch.bincount into atom rows: an index_add; of atom/edge rows: a histogram over ranks.")
-def bincount_rows(func, meta: ShardMeta, args, kwargs):
-    index, weights, minlength = _bincount_args(args, kwargs)
-    if _counts_atom_rows(meta, minlength):
-        return _scatter_count(meta, index, weights, minlength)
-    return _histogram(meta, local(index), None if weights is None else local(weights), int(minlength))
-
-
-def _scatter_count(meta: ShardMeta, index, weights, minlength) -> ShardTensor:
-    """The count (or weight sum) per atom row, through the layout's scatter rule."""
-    with torch._C.DisableTorchFunctionSubclass():
-        values = torch.ones(index.shape[0], dtype=torch.int64, device=index.device) if weights is None else weights
-        target = torch.zeros(int(minlength), dtype=values.dtype, device=index.device)
-    return ShardTensor.wrap(target, meta).index_add(0, index, values)
-
-
-def _counts_atom_rows(meta: ShardMeta, minlength) -> bool:
-    """``minlength`` is this layout's atom rows: counted by the layout (sharded storage)
-    or, under halo storage, the padded row count (as the halo scatter rule decides)."""
-    if meta.layout.is_sharded():
-        return isinstance(minlength, RowCount)
-    return int(minlength) == meta.n_padded
-
-
-def _histogram(meta: ShardMeta, index: torch.Tensor, weights, minlength: int):
-    rows = _counted_rows(meta, index.shape[0], "bincount")
-    index = index[rows]
-    weights = None if weights is None else weights[rows]
-    length = max(minlength, int(index.max()) + 1 if index.numel() else 0)
-    if group_size(meta.group) > 1:  # one length on every rank: the largest
-        agreed = torch.tensor([length], dtype=torch.int64, device=index.device)
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=meta.group)
-        length = int(agreed.item())
-    with torch._C.DisableTorchFunctionSubclass():
-        counts = torch.bincount(index, weights, minlength=length)
-    return replicated(all_reduce_sum(counts, meta.group), meta)
-
-
-# ---- a plain index (the edge list) inside the model call ---------------------------------
-_ACTIVE: ContextVar[ShardMeta | None] = ContextVar("mlipdd_bincount", default=None)
-_LOCK = threading.Lock()
-_DEPTH = 0
-_ORIGINAL = torch.bincount
-
-
-@functools.wraps(_ORIGINAL)
-def _bincount(input, weights=None, minlength=0):
-    meta = _ACTIVE.get()
-    if (meta is None or isinstance(input, ShardTensor) or isinstance(weights, ShardTensor)
-            or not meta.system_reductions or not _counts_atom_rows(meta, minlength)):
-        return _ORIGINAL(input, weights, minlength=minlength)
-    return _scatter_count(meta, input, weights, minlength)
-
-
-@contextlib.contextmanager
-def bincount_scope(meta: ShardMeta) -> Iterator[None]:
-    """Around one rank's model call: ``torch.bincount`` of a plain index into atom rows
-    goes through the layout's scatter rule (see the module docstring)."""
-    global _DEPTH
-    token = _ACTIVE.set(meta)
-    with _LOCK:
-        _DEPTH += 1
-        torch.bincount = _bincount
-    try:
-        yield
-    finally:
-        with _LOCK:
-            _DEPTH -= 1
-            if _DEPTH == 0:
-                torch.bincount = _ORIGINAL
-        _ACTIVE.reset(token)

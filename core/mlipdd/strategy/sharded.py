@@ -32,7 +32,6 @@ from mlipdd.neighbors import NeighborList
 from mlipdd.shard import ShardMeta, ShardTensor
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows
 from mlipdd.shard.layouts import layout_for
-from mlipdd.shard.scatter_spellings import bincount_scope
 from mlipdd.shard.owned_rows import owned_rows_scope
 from mlipdd.strategy.halo import HaloState, SpatialStrategy, exchange_counts
 from mlipdd.strategy.kinds import StrategyKind
@@ -96,9 +95,8 @@ class ShardedStrategy(SpatialStrategy):
     @contextlib.contextmanager
     def model_scope(self, meta: ShardMeta):
         """Per-atom tensors the model creates from the atom count are owned rows too
-        (NOTE [row counts] in mlipdd.shard.owned_rows), and so are counts by bincount
-        (`bincount_scope`); balance="time" times the call."""
-        with owned_rows_scope(meta), bincount_scope(meta), self.halo.balance.timing():
+        (NOTE [row counts] in mlipdd.shard.owned_rows); balance="time" times the call."""
+        with owned_rows_scope(meta), self.halo.balance.timing():
             yield
 
     def consolidate(self, outputs: dict, meta: ShardMeta, spec, autograd_outputs) -> dict:

@@ -19,7 +19,7 @@ read by sender index (``state[sender]``) and accumulated with in-place ``index_a
   over the atoms ``q @ x``, ``torch.dot``, ``x.T @ x``, ``einsum("n,nk,k->")``), as a
   single-system model is often written.
 * `DegreeMPNN`: messages summed with ``index_put_(..., accumulate=True)`` and divided by
-  the out-degree of each atom, ``torch.bincount(sender[d < cutoff], minlength=n_atoms)``;
+  the out-degree of each atom within the cutoff (an ``index_add_`` of ones by sender);
   with ``mean_aggregation=True`` a second layer averages its messages with
   ``scatter_reduce(..., "mean")`` (which counts every listed edge: the result depends on
   the list's skin, so compare it at skin 0).
@@ -196,7 +196,8 @@ class DegreeMPNN(_OrdinaryMPNN):
         n_atoms = batch.num_atoms
         features = self.embed[self._species(batch.atomic_numbers)]
         # how many neighbours each atom sends to (the list's skin edges are not neighbours)
-        out_degree = torch.bincount(sender[d < self.cutoff], minlength=n_atoms).clamp(min=1)
+        out_degree = torch.zeros(n_atoms, dtype=positions.dtype, device=positions.device)
+        out_degree = out_degree.index_add_(0, sender, (d < self.cutoff).to(positions.dtype)).clamp(min=1)
         for layer, (radial, update) in enumerate(zip(self.radial, self.update)):
             messages = (basis @ radial) * features[sender]
             if self.mean_aggregation and layer == 1:

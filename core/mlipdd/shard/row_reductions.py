@@ -1,4 +1,5 @@
-"""Reductions over atom or edge rows besides the sum: means, extremes, and the refused rest.
+"""Reductions over atom or edge rows besides the sum: means, extremes, products, and the
+refused rest.
 
 A rank holds some of the rows (halo storage: its owned atoms, then ghost copies; sharded
 storage: its owned atoms; either: the edges it computes). Left alone, ``x.mean()`` or
@@ -11,9 +12,10 @@ result equals one process's and is replicated (NOTE [whole sums are replicated] 
 Reductions over rows with no exact cross-rank form here (variance, norms, products,
 medians, positions of extremes), and all-pairs distances of the atoms (``torch.cdist``),
 raise with the fix instead of answering. Running sums (``cumsum``) stay local: they
-build a rank's own index structures (offsets into its neighbour rows).
-Reductions along other dimensions (``vectors.norm(dim=-1)``, per-row means) are per-row
-and stay local.
+build a rank's own index structures (offsets into its neighbour rows). Reductions
+along other dimensions (``vectors.norm(dim=-1)``, per-row means) are per-row
+and stay local; so do reductions of integer and boolean rows (NOTE [integer rows stay
+local]).
 """
 
 from __future__ import annotations
@@ -50,9 +52,15 @@ def _on_rows(*ops, name: str, predicate):
 
 
 def _rows_reduced(func, meta: ShardMeta, args, kwargs) -> bool:
-    """``args[0]`` holds atom or edge rows and the call reduces over them (dim 0 or all)."""
+    """``args[0]`` holds floating-point atom or edge rows and the call reduces over them
+    (dim 0 or all). NOTE [integer rows stay local]: an integer or boolean reduction over
+    rows sizes this rank's own index structures (``int(counts.max())`` as the width of a
+    padded neighbour matrix, often skipped when the rank has no rows); made collective, a
+    rank without rows would skip the collective the others enter."""
     x = args[0] if args else kwargs.get("input")
     if not isinstance(x, ShardTensor) or x.dim() == 0 or not meta.system_reductions:
+        return False
+    if not x.is_floating_point():
         return False
     if not (meta.layout.is_halo() or meta.layout.is_sharded()):
         return False

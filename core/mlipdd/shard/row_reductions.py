@@ -47,8 +47,13 @@ _REFUSED = (
 
 def _on_rows(*ops, name: str, predicate):
     """One rule for halo and sharded storage (graph partition holds every row on every
-    rank and reduces through its own helpers; the predicate checks the layout)."""
+    rank and reduces through its own helpers; the predicate checks `_reduces_over_ranks`)."""
     return register(Layout, *ops, name=name, predicate=predicate)
+
+
+def _reduces_over_ranks(meta: ShardMeta) -> bool:
+    """Halo or sharded storage whose spec completes reductions over ranks."""
+    return (meta.layout.is_halo() or meta.layout.is_sharded()) and meta.system_reductions
 
 
 def _rows_reduced(func, meta: ShardMeta, args, kwargs) -> bool:
@@ -56,13 +61,10 @@ def _rows_reduced(func, meta: ShardMeta, args, kwargs) -> bool:
     (dim 0 or all). NOTE [integer rows stay local]: an integer or boolean reduction over
     rows sizes this rank's own index structures (``int(counts.max())`` as the width of a
     padded neighbour matrix, often skipped when the rank has no rows); made collective, a
-    rank without rows would skip the collective the others enter."""
+    rank without rows would skip the collective the others enter. (Integer sums over rows
+    were completed over ranks before these rules and still are: counts of atoms.)"""
     x = args[0] if args else kwargs.get("input")
-    if not isinstance(x, ShardTensor) or x.dim() == 0 or not meta.system_reductions:
-        return False
-    if not x.is_floating_point():
-        return False
-    if not (meta.layout.is_halo() or meta.layout.is_sharded()):
+    if not (_reduces_over_ranks(meta) and isinstance(x, ShardTensor) and x.dim() > 0 and x.is_floating_point()):
         return False
     if meta.row_kind(x.shape[0]) == "other":
         return False
@@ -128,7 +130,8 @@ def row_extreme(func, meta: ShardMeta, args, kwargs):
     if counted.shape[0] == 0:  # e.g. a rank whose subdomain is vacuum
         # joined to the empty rows, not in their place: the partial stays in the autograd
         # graph, so this rank's backward runs the same collectives as the others'
-        identity = torch.full((1, *x.shape[1:]), _identity(kind, x.dtype), dtype=x.dtype, device=x.device)
+        identity = torch.full((1, *x.shape[1:]), -math.inf if kind == "max" else math.inf, dtype=x.dtype,
+                              device=x.device)
         counted = torch.cat([counted, identity])
     with torch._C.DisableTorchFunctionSubclass():
         if func in (torch.max, torch.Tensor.max, torch.min, torch.Tensor.min):
@@ -136,15 +139,6 @@ def row_extreme(func, meta: ShardMeta, args, kwargs):
         else:
             partial = (torch.amax if kind == "max" else torch.amin)(counted, *args[1:], **kwargs)
     return replicated(_AllReduceExtreme.apply(partial, kind, meta.group), meta)
-
-
-def _identity(kind: str, dtype: torch.dtype):
-    if dtype.is_floating_point:
-        return -math.inf if kind == "max" else math.inf
-    if dtype == torch.bool:
-        return kind != "max"
-    info = torch.iinfo(dtype)
-    return info.min if kind == "max" else info.max
 
 
 class _AllReduceExtreme(torch.autograd.Function):
@@ -178,9 +172,7 @@ _CONTRACTIONS = (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, tor
 def _is_row_contraction(func, meta, args, kwargs) -> bool:
     """``q @ x`` / ``torch.dot(q, p)`` (1-D rows first) or ``x.T @ y`` (rows along the first
     operand's last dim): a sum over the atoms or edges, as in a dipole ``q @ r``."""
-    if len(args) != 2 or kwargs or not (meta.layout.is_halo() or meta.layout.is_sharded()):
-        return False
-    if not meta.system_reductions:
+    if len(args) != 2 or kwargs or not _reduces_over_ranks(meta):
         return False
     a, b = args
     if not (isinstance(a, ShardTensor) and isinstance(b, ShardTensor)) or b.dim() == 0 or a.dim() == 0:
@@ -229,9 +221,7 @@ def _rows_letter(equation: str, operands, meta) -> str | None:
 
 
 def _is_row_einsum(func, meta, args, kwargs) -> bool:
-    if kwargs or len(args) < 2 or not isinstance(args[0], str) or not meta.system_reductions:
-        return False
-    if not (meta.layout.is_halo() or meta.layout.is_sharded()):
+    if kwargs or len(args) < 2 or not isinstance(args[0], str) or not _reduces_over_ranks(meta):
         return False
     return _rows_letter(*_einsum_parts(args), meta) is not None
 
@@ -272,7 +262,7 @@ def row_reduction_refused(func, meta: ShardMeta, args, kwargs):
 
 
 def _all_pairs_of_rows(func, meta, args, kwargs) -> bool:
-    return (meta.layout.is_halo() or meta.layout.is_sharded()) and any(
+    return _reduces_over_ranks(meta) and any(
         isinstance(x, ShardTensor) and not x.meta.layout.is_replicated() and x.dim() > 0
         and meta.row_kind(x.shape[-2] if x.dim() > 1 else x.shape[0]) == "node" for x in args[:2])
 

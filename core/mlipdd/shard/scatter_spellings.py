@@ -31,12 +31,12 @@ from mlipdd.shard.tensor import ShardMeta, poison
 _INDEX_PUTS = (torch.Tensor.index_put_, torch.Tensor.index_put, torch.index_put)
 
 
-def _on_rows(meta: ShardMeta) -> bool:
+def _row_storage(meta: ShardMeta) -> bool:
     return (meta.layout.is_halo() or meta.layout.is_sharded()) and meta.layout.rows_lead()
 
 
 def _accumulating_put(func, meta, args, kwargs) -> bool:
-    if not _on_rows(meta):
+    if not _row_storage(meta):
         return False
     indices = args[1] if len(args) > 1 else kwargs.get("indices")
     accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
@@ -69,7 +69,7 @@ def _scatter_reduce_args(args, kwargs):
 def _reduces_by_sums(func, meta, args, kwargs) -> bool:
     """A mean (or a sum without the target's own values) scattered into atom rows."""
     layout = meta.layout
-    if not _on_rows(meta) or not (layout.correct_scatters if layout.is_halo() else layout.route_scatters):
+    if not _row_storage(meta) or not (layout.correct_scatters if layout.is_halo() else layout.route_scatters):
         return False  # a local scatter (the spec says so): torch's own scatter_reduce
     values, include_self = _scatter_reduce_args(args, kwargs)
     target, dim = values.get("input"), values.get("dim")

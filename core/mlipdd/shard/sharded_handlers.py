@@ -47,7 +47,7 @@ from mlipdd.shard.exchange import all_reduce_sum, halo_accumulate, pad
 from mlipdd.shard.handlers import SCATTER_OPS, _finish, _parse, _sum_dims, _target_rows
 from mlipdd.shard.layouts import Sharded
 from mlipdd.shard.registry import register
-from mlipdd.shard.replicated import to_rows
+from mlipdd.shard.replicated import replicated, to_rows
 from mlipdd.shard.tensor import ShardMeta, ShardTensor, local
 
 __all__ = ["routed_gather", "to_rows"]
@@ -178,4 +178,4 @@ def sharded_global_sum(func, meta: ShardMeta, args, kwargs):
     rest = {k: v for k, v in kwargs.items() if k != "input"}
     with torch._C.DisableTorchFunctionSubclass():
         partial = torch.sum(x, *args[1:], **rest)
-    return ShardTensor.wrap(all_reduce_sum(partial, meta.group), meta.as_replicated())
+    return replicated(all_reduce_sum(partial, meta.group), meta)

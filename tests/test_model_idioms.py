@@ -9,7 +9,9 @@ share of the gradient (forces off by ~1e-3 relative) and a mean or a max the ran
 rows. Reductions over rows with no exact cross-rank rule are refused with the fix.
 
 Other spellings of a scatter-add (`DegreeMPNN`, mlipdd.shard.scatter_spellings): an
-accumulating ``index_put_`` and a mean aggregation ``scatter_reduce(..., "mean")``.
+accumulating ``index_put_`` and a mean aggregation ``scatter_reduce(..., "mean")``, and a sparse adjacency matrix times
+the features (halo storage; refused under sharded storage, where remote columns do not
+fit the matrix).
 """
 
 import functools
@@ -24,11 +26,13 @@ from mlipdd.testing.systems import slab, small_cell, triclinic
 
 SPECIES = (1, 8)
 SPECS = {"halo": SPEC_MPNN_HALO, "sharded": SPEC_MPNN_SHARDED}
-# model -> (factory, DomainConfig options): a mean over the listed edges counts the skin's
+# model -> (factory, DomainConfig options, strategies): a mean over the listed edges
+# counts the skin's; a sparse atoms x atoms matrix is refused under sharded storage
 MODELS = {
-    "whole_system": (WholeSystemMPNN, {}),
-    "degree": (DegreeMPNN, {}),
-    "mean_aggregation": (functools.partial(DegreeMPNN, mean_aggregation=True), {"skin": 0.0}),
+    "whole_system": (WholeSystemMPNN, {}, SPECS),
+    "degree": (DegreeMPNN, {}, SPECS),
+    "mean_aggregation": (functools.partial(DegreeMPNN, first_layer="mean"), {"skin": 0.0}, SPECS),
+    "sparse_adjacency": (functools.partial(DegreeMPNN, first_layer="sparse"), {}, ("halo",)),
 }
 SYSTEMS = {
     "triclinic": lambda: triclinic(species=SPECIES, spacing=3.0, reps=4),
@@ -46,8 +50,8 @@ def _every_case(rank, world_size):
     return {
         (model, strategy, system): distributed_outputs(rank, world_size, factory, make(),
                                                        _options(strategy, system, world_size, extra), True, spec)
-        for model, (factory, extra) in MODELS.items()
-        for strategy, spec in SPECS.items()
+        for model, (factory, extra, strategies) in MODELS.items()
+        for strategy, spec in SPECS.items() if strategy in strategies
         for system, make in SYSTEMS.items()
     }
 
@@ -101,3 +105,7 @@ def test_what_has_no_cross_rank_rule_is_refused_on_every_rank():
     for message in run_ranks(_refusal, 2, _AllPairs, "sharded", SPEC_MPNN_SHARDED):
         assert message is not None and "torch.cdist over the atoms (all pairs)" in message
         assert "neighbour list" in message
+    sparse = functools.partial(DegreeMPNN, first_layer="sparse")
+    for message in run_ranks(_refusal, 2, sparse, "sharded", SPEC_MPNN_SHARDED):
+        assert message is not None and "sparse atoms x atoms matrix under sharded storage" in message
+        assert "index_add" in message

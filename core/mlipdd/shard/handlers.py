@@ -56,8 +56,9 @@ def _parse(func, args, kwargs) -> ScatterCall:
         reduce = args[4] if len(args) > 4 else kwargs.get("reduce")
         if reduce != "sum" and reduce != "add":
             raise NotImplementedError(
-                f"scatter_reduce(reduce={reduce!r}) on a ShardTensor: only 'sum' and 'mean' have a "
-                "cross-rank rule; give the model an OpAdapter for this reduction or use scatter_add"
+                f"scatter_reduce(reduce={reduce!r}) on a ShardTensor: 'sum' has a cross-rank rule, "
+                "and 'mean' along dim 0 into atom rows; give the model an OpAdapter for this "
+                "reduction or use scatter_add"
             )
         if not kwargs.get("include_self", True):
             raise NotImplementedError(

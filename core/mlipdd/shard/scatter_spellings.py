@@ -1,5 +1,5 @@
-"""Other ways of writing a sum into atom rows: ``index_put_(..., accumulate=True)`` and
-``scatter_reduce(..., "mean")``.
+"""Other ways of writing a sum into atom rows: ``index_put_(..., accumulate=True)``,
+``scatter_reduce(..., "mean")`` and a sparse adjacency matrix product.
 
 Neither is spelled ``index_add``/``scatter_add``, so the halo and sharded scatter rules
 never saw them: under halo storage an accumulating ``index_put_`` into atom rows left
@@ -11,7 +11,11 @@ dispatched again:
   (also out of place, and through ``torch.index_put``);
 * ``scatter_reduce(0, index, src, "mean")`` into atom rows, and ``"sum"`` with
   ``include_self=False``, are two scatter-adds (of ``src`` and of ones) and an
-  elementwise division or choice.
+  elementwise division or choice;
+* ``torch.sparse.mm(A, h)`` with ``A`` a sparse atoms x atoms matrix is ``h`` read at
+  ``A``'s columns and summed into its rows (under halo storage, where the sparse kernel
+  left the ghost rows short of other ranks' partials: forces off 3e-5 when a later layer
+  reads them; refused under sharded storage, whose remote columns do not fit ``A``).
 
 ``torch.bincount`` is left alone on purpose: on the edge list it usually builds a
 rank's own index structure (counts, then ``cumsum`` offsets into a padded neighbour
@@ -94,3 +98,41 @@ def scatter_mean_as_sums(func, meta, args, kwargs):
     if func is torch.Tensor.scatter_reduce_:
         poison(target, "scatter_reduce_")  # in place, answered out of place: rebind (NOTE [dropped rebind])
     return out
+
+
+# ---- a sparse adjacency times atom rows -----------------------------------------------------
+_SPARSE_PRODUCTS = (torch.sparse.mm, torch.mm, torch.Tensor.mm, torch.matmul, torch.Tensor.matmul,
+                    torch.Tensor.__matmul__)
+
+
+def _adjacency_product(func, meta, args, kwargs) -> bool:
+    """``A @ h`` with ``A`` a sparse (atoms x atoms) COO matrix: a message sum in matrix form."""
+    if len(args) != 2 or kwargs or not _row_storage(meta):
+        return False
+    adjacency, rows = args
+    return (isinstance(adjacency, torch.Tensor) and adjacency.is_sparse and adjacency.dim() == 2
+            and isinstance(rows, torch.Tensor) and rows.dim() in (1, 2)
+            and meta.row_kind(adjacency.shape[0]) == "node" and meta.row_kind(rows.shape[0]) == "node")
+
+
+@register(Layout, *_SPARSE_PRODUCTS, name="adjacency_as_scatter", predicate=_adjacency_product,
+          doc="A sparse atoms x atoms matrix times atom rows: gather by column, index_add by row.")
+def adjacency_as_scatter(func, meta, args, kwargs):
+    """Row ``i`` of ``A @ h`` sums ``A[i, j] * h[j]``: the read of ``h[j]`` and the sum into
+    row ``i`` go through the read and scatter rules (ghost partials to their owners, remote
+    rows fetched), which a sparse kernel would bypass."""
+    adjacency, rows = args
+    if meta.layout.is_sharded():
+        raise NotImplementedError(
+            "a sparse atoms x atoms matrix under sharded storage: a rank holds only its own atoms, "
+            "so the columns of remote neighbours do not fit the matrix (torch does not check, and "
+            "the product would be wrong). Write the product as a message sum, "
+            "torch.zeros_like(h).index_add(0, receiver, weight[:, None] * h[sender]), or run with "
+            "DomainConfig(strategy='halo')"
+        )
+    adjacency = adjacency.coalesce()  # values() carries the gradient only when coalesced
+    receiver, sender = adjacency.indices()
+    weights = adjacency.values()
+    gathered = rows[sender]
+    messages = gathered * (weights if gathered.dim() == 1 else weights.unsqueeze(1))
+    return torch.zeros_like(rows).index_add(0, receiver, messages)

@@ -20,9 +20,10 @@ read by sender index (``state[sender]``) and accumulated with in-place ``index_a
   single-system model is often written.
 * `DegreeMPNN`: messages summed with ``index_put_(..., accumulate=True)`` and divided by
   the out-degree of each atom within the cutoff (an ``index_add_`` of ones by sender);
-  with ``mean_aggregation=True`` a second layer averages its messages with
-  ``scatter_reduce(..., "mean")`` (which counts every listed edge: the result depends on
-  the list's skin, so compare it at skin 0).
+  its first layer (whose ghost rows the second reads) can instead average its messages
+  with ``scatter_reduce(..., "mean")`` (``first_layer="mean"``; it counts every listed
+  edge, so the result depends on the list's skin: compare it at skin 0) or sum them as
+  a sparse adjacency matrix times the features (``first_layer="sparse"``).
 """
 
 from __future__ import annotations
@@ -184,9 +185,9 @@ class WholeSystemMPNN(_OrdinaryMPNN):
 
 class DegreeMPNN(_OrdinaryMPNN):
     def __init__(self, cutoff: float = 4.5, features: int = 8, layers: int = 2, n_basis: int = 8,
-                 species=(1, 8), seed: int = 3, dtype=torch.float64, mean_aggregation: bool = False):
+                 species=(1, 8), seed: int = 3, dtype=torch.float64, first_layer: str = "sum"):
         super().__init__(cutoff, features, n_basis, species, seed, dtype)
-        self.mean_aggregation = mean_aggregation
+        self.first_layer = first_layer
         self.radial = nn.ParameterList([self._weight(n_basis, features) for _ in range(layers)])
         self.update = nn.ParameterList([self._weight(features, features) for _ in range(layers)])
         self.readout = self._weight(features)
@@ -200,9 +201,13 @@ class DegreeMPNN(_OrdinaryMPNN):
         out_degree = out_degree.index_add_(0, sender, (d < self.cutoff).to(positions.dtype)).clamp(min=1)
         for layer, (radial, update) in enumerate(zip(self.radial, self.update)):
             messages = (basis @ radial) * features[sender]
-            if self.mean_aggregation and layer == 1:
+            if layer == 0 and self.first_layer == "mean":
                 slots = receiver.unsqueeze(1).expand(-1, self.features)
                 aggregated = features.scatter_reduce(0, slots, messages, "mean")  # the atom's own row counts too
+            elif layer == 0 and self.first_layer == "sparse":
+                weights = (basis @ radial).mean(1)
+                adjacency = torch.sparse_coo_tensor(torch.stack([receiver, sender]), weights, (n_atoms, n_atoms))
+                aggregated = torch.sparse.mm(adjacency, features)
             else:
                 summed = torch.zeros(n_atoms, self.features, dtype=positions.dtype, device=positions.device)
                 summed = summed.index_put_((receiver,), messages, accumulate=True)

@@ -36,6 +36,7 @@ PINNED = [
     "stacked_as_rows",
     "index_put_as_index_add",
     "scatter_mean_as_sums",
+    "index_reduce_refused",
     "adjacency_as_scatter",
     "sharded_row_count",
     "sharded_gather",

@@ -9,7 +9,7 @@ share of the gradient (forces off by ~1e-3 relative) and a mean or a max the ran
 rows. Reductions over rows with no exact cross-rank rule are refused with the fix.
 
 Other spellings of a scatter-add (`DegreeMPNN`, mlipdd.shard.scatter_spellings): an
-accumulating ``index_put_`` and a mean aggregation ``scatter_reduce(..., "mean")``, and a sparse adjacency matrix times
+accumulating ``index_put_`` and a mean aggregation ``scatter_reduce(..., "mean")`` or ``index_reduce(..., "mean")``, and a sparse adjacency matrix times
 the features (halo storage; refused under sharded storage, where remote columns do not
 fit the matrix).
 """
@@ -32,6 +32,7 @@ MODELS = {
     "whole_system": (WholeSystemMPNN, {}, SPECS),
     "degree": (DegreeMPNN, {}, SPECS),
     "mean_aggregation": (functools.partial(DegreeMPNN, first_layer="mean"), {"skin": 0.0}, SPECS),
+    "index_mean": (functools.partial(DegreeMPNN, first_layer="index_mean"), {"skin": 0.0}, SPECS),
     "sparse_adjacency": (functools.partial(DegreeMPNN, first_layer="sparse"), {}, ("halo",)),
 }
 SYSTEMS = {
@@ -105,6 +106,9 @@ def test_what_has_no_cross_rank_rule_is_refused_on_every_rank():
     for message in run_ranks(_refusal, 2, _AllPairs, "sharded", SPEC_MPNN_SHARDED):
         assert message is not None and "torch.cdist over the atoms (all pairs)" in message
         assert "neighbour list" in message
+    for message in run_ranks(_refusal, 2, functools.partial(DegreeMPNN, first_layer="index_amax"), "halo",
+                             SPEC_MPNN_HALO):
+        assert message is not None and "index_reduce(reduce='amax') into atom rows" in message
     sparse = functools.partial(DegreeMPNN, first_layer="sparse")
     for message in run_ranks(_refusal, 2, sparse, "sharded", SPEC_MPNN_SHARDED):
         assert message is not None and "sparse atoms x atoms matrix under sharded storage" in message

@@ -53,6 +53,7 @@ PRECEDENCE: list[str] = [
     # other spellings of a sum into atom rows, rewritten into the ones below (dispatched again)
     "index_put_as_index_add",
     "scatter_mean_as_sums",
+    "index_reduce_refused",
     "adjacency_as_scatter",
     # sharded storage: owned rows only. A node scatter is tried before a per-system one
     # (the strategy refuses the layouts where the two have the same number of rows).

@@ -9,8 +9,8 @@ dispatched again:
 
 * ``x.index_put_((index,), values, accumulate=True)`` is ``x.index_add_(0, index, values)``
   (also out of place, and through ``torch.index_put``);
-* ``scatter_reduce(0, index, src, "mean")`` into atom rows, and ``"sum"`` with
-  ``include_self=False``, are two scatter-adds (of ``src`` and of ones) and an
+* ``scatter_reduce(0, index, src, "mean")`` (or ``index_reduce``) into atom rows, and
+  ``"sum"`` with ``include_self=False``, are two scatter-adds (of ``src`` and of ones) and an
   elementwise division or choice;
 * ``torch.sparse.mm(A, h)`` with ``A`` a sparse atoms x atoms matrix is ``h`` read at
   ``A``'s columns and summed into its rows (under halo storage, where the sparse kernel
@@ -61,43 +61,65 @@ def index_put_as_index_add(func, meta, args, kwargs):
 
 
 _SCATTER_REDUCES = (torch.Tensor.scatter_reduce, torch.Tensor.scatter_reduce_, torch.scatter_reduce)
+_INDEX_REDUCES = (torch.Tensor.index_reduce, torch.Tensor.index_reduce_, torch.index_reduce)
 
 
-def _scatter_reduce_args(args, kwargs):
+def _reduce_args(args, kwargs):
+    """(target, dim, index, values, reduce, include_self) of a scatter_reduce/index_reduce."""
     names = ("input", "dim", "index", "src", "reduce")
     values = dict(zip(names, args))
     values.update({k: v for k, v in kwargs.items() if k in names})
-    return values, kwargs.get("include_self", True)
+    values.setdefault("src", kwargs.get("source"))  # index_reduce's name for it
+    return (values.get("input"), values.get("dim"), values.get("index"), values["src"], values.get("reduce"),
+            kwargs.get("include_self", True))
 
 
-def _reduces_by_sums(func, meta, args, kwargs) -> bool:
-    """A mean (or a sum without the target's own values) scattered into atom rows."""
+def _into_atom_rows(func, meta, args, kwargs) -> bool:
+    """A scatter_reduce/index_reduce along dim 0 into atom rows, where scatters cross ranks."""
     layout = meta.layout
     if not _row_storage(meta) or not (layout.correct_scatters if layout.is_halo() else layout.route_scatters):
-        return False  # a local scatter (the spec says so): torch's own scatter_reduce
-    values, include_self = _scatter_reduce_args(args, kwargs)
-    target, dim = values.get("input"), values.get("dim")
+        return False  # a local scatter (the spec says so): torch's own
+    target, dim = _reduce_args(args, kwargs)[:2]
     if target is None or dim is None or target.dim() == 0:
         return False
     dim = dim + target.dim() if dim < 0 else dim
-    by_sums = values.get("reduce") == "mean" or (values.get("reduce") == "sum" and not include_self)
-    return by_sums and dim == 0 and meta.row_kind(target.shape[0]) == "node"
+    return dim == 0 and meta.row_kind(target.shape[0]) == "node"
 
 
-@register(Layout, *_SCATTER_REDUCES, name="scatter_mean_as_sums", predicate=_reduces_by_sums,
-          doc="scatter_reduce 'mean' (or 'sum' without self) into atom rows: two scatter-adds, then a division.")
+def _reduces_by_sums(func, meta, args, kwargs) -> bool:
+    """A mean (or a sum without the target's own values) into atom rows."""
+    reduce, include_self = _reduce_args(args, kwargs)[4:]
+    return (reduce == "mean" or (reduce == "sum" and not include_self)) and _into_atom_rows(func, meta, args, kwargs)
+
+
+@register(Layout, *_SCATTER_REDUCES, *_INDEX_REDUCES, name="scatter_mean_as_sums", predicate=_reduces_by_sums,
+          doc="scatter_reduce/index_reduce 'mean' (or 'sum' without self) into atom rows: two scatter-adds, a division.")
 def scatter_mean_as_sums(func, meta, args, kwargs):
-    values, include_self = _scatter_reduce_args(args, kwargs)
-    target, index, src = values["input"], values["index"], values["src"]
-    sums = torch.zeros_like(target).scatter_add(0, index, src)
-    counts = torch.zeros_like(target).scatter_add(0, index, torch.ones_like(src))
-    if values["reduce"] == "mean":
+    target, _, index, src, reduce, include_self = _reduce_args(args, kwargs)
+    if func in _INDEX_REDUCES:
+        sums = torch.zeros_like(target).index_add(0, index, src)
+        counts = torch.zeros_like(target).index_add(0, index, torch.ones_like(src))
+    else:
+        sums = torch.zeros_like(target).scatter_add(0, index, src)
+        counts = torch.zeros_like(target).scatter_add(0, index, torch.ones_like(src))
+    if reduce == "mean":
         out = (target + sums) / (counts + 1) if include_self else torch.where(counts > 0, sums / counts.clamp(min=1), target)
     else:
         out = torch.where(counts > 0, sums, target)
-    if func is torch.Tensor.scatter_reduce_:
-        poison(target, "scatter_reduce_")  # in place, answered out of place: rebind (NOTE [dropped rebind])
+    if func in (torch.Tensor.scatter_reduce_, torch.Tensor.index_reduce_):
+        poison(target, func.__name__)  # in place, answered out of place: rebind (NOTE [dropped rebind])
     return out
+
+
+@register(Layout, *_INDEX_REDUCES, name="index_reduce_refused", predicate=_into_atom_rows,
+          doc="index_reduce 'amax'/'amin'/'prod' into atom rows: refused with the fix.")
+def index_reduce_refused(func, meta, args, kwargs):
+    reduce = _reduce_args(args, kwargs)[4]
+    raise NotImplementedError(
+        f"index_reduce(reduce={reduce!r}) into atom rows under domain decomposition: a ghost row's "
+        "partial result would not reach its owner (only sums and means have a cross-rank rule). "
+        "Use index_add (a sum) or index_reduce(..., 'mean'), or give the model an OpAdapter"
+    )
 
 
 # ---- a sparse adjacency times atom rows -----------------------------------------------------

@@ -21,9 +21,10 @@ read by sender index (``state[sender]``) and accumulated with in-place ``index_a
 * `DegreeMPNN`: messages summed with ``index_put_(..., accumulate=True)`` and divided by
   the out-degree of each atom within the cutoff (an ``index_add_`` of ones by sender);
   its first layer (whose ghost rows the second reads) can instead average its messages
-  with ``scatter_reduce(..., "mean")`` (``first_layer="mean"``; it counts every listed
-  edge, so the result depends on the list's skin: compare it at skin 0) or sum them as
-  a sparse adjacency matrix times the features (``first_layer="sparse"``).
+  with ``scatter_reduce(..., "mean")`` (``first_layer="mean"``) or ``index_reduce``
+  (``"index_mean"``, ``"index_amax"``), which count every listed edge, so the result
+  depends on the list's skin: compare them at skin 0; or sum them as a sparse adjacency
+  matrix times the features (``first_layer="sparse"``).
 """
 
 from __future__ import annotations
@@ -204,6 +205,10 @@ class DegreeMPNN(_OrdinaryMPNN):
             if layer == 0 and self.first_layer == "mean":
                 slots = receiver.unsqueeze(1).expand(-1, self.features)
                 aggregated = features.scatter_reduce(0, slots, messages, "mean")  # the atom's own row counts too
+            elif layer == 0 and self.first_layer in ("index_mean", "index_amax"):
+                start = torch.zeros(n_atoms, self.features, dtype=positions.dtype, device=positions.device)
+                reduce = self.first_layer.removeprefix("index_")
+                aggregated = start.index_reduce(0, receiver, messages, reduce, include_self=False)
             elif layer == 0 and self.first_layer == "sparse":
                 weights = (basis @ radial).mean(1)
                 adjacency = torch.sparse_coo_tensor(torch.stack([receiver, sender]), weights, (n_atoms, n_atoms))

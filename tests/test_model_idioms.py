@@ -1,17 +1,18 @@
 """Idioms of ordinary models that the scatter and per-system rules alone did not see.
 
-Whole-tensor reductions over the atoms (`WholeSystemMPNN`): a single-system model is often written with ``q - q.mean()``, ``(q * q).sum()``,
-``x.max()`` and ``x.amax()`` over all atoms (`WholeSystemMPNN`). Each rank holds only
-some atoms, so these reduce the counted rows over ranks and come back replicated; their
-uses per atom then carry the gradient shares of every rank (NOTE [whole sums are
-replicated] in mlipdd.shard.handlers). Before, a whole sum gave each rank only its own
-share of the gradient (forces off by ~1e-3 relative) and a mean or a max the rank's own
-rows. Reductions over rows with no exact cross-rank rule are refused with the fix.
+Whole-tensor reductions over the atoms (`WholeSystemMPNN`): a single-system model is
+often written with ``q - q.mean()``, ``(q * q).sum()``, ``x.max()``, ``x.amax()`` and
+``q @ x`` over all atoms. Each rank holds only some atoms, so these reduce the counted
+rows over ranks and come back replicated; their uses per atom then carry the gradient
+shares of every rank (NOTE [whole sums are replicated] in mlipdd.shard.handlers).
+Before, a whole sum gave each rank only its own share of the gradient (forces off by
+~1e-3 relative), and a mean or a max reduced the rank's own rows. Reductions over rows
+with no exact cross-rank rule are refused with the fix.
 
 Other spellings of a scatter-add (`DegreeMPNN`, mlipdd.shard.scatter_spellings): an
-accumulating ``index_put_`` and a mean aggregation ``scatter_reduce(..., "mean")`` or ``index_reduce(..., "mean")``, and a sparse adjacency matrix times
-the features (halo storage; refused under sharded storage, where remote columns do not
-fit the matrix).
+accumulating ``index_put_``; a mean aggregation by ``scatter_reduce(..., "mean")`` or
+``index_reduce(..., "mean")``; a sparse adjacency matrix times the features (halo
+storage; refused under sharded storage, where remote columns do not fit the matrix).
 """
 
 import functools

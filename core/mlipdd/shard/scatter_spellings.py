@@ -1,7 +1,7 @@
 """Other ways of writing a sum into atom rows: ``index_put_(..., accumulate=True)``,
 ``scatter_reduce(..., "mean")`` and a sparse adjacency matrix product.
 
-Neither is spelled ``index_add``/``scatter_add``, so the halo and sharded scatter rules
+None is spelled ``index_add``/``scatter_add``, so the halo and sharded scatter rules
 never saw them: under halo storage an accumulating ``index_put_`` into atom rows left
 the ghost partials with the ghosts (forces off by 3e-2 in a plain MPNN), and a mean
 aggregation was refused. Each is rewritten into the spelling the rules handle, and
@@ -140,9 +140,8 @@ def _adjacency_product(func, meta, args, kwargs) -> bool:
 @register(Layout, *_SPARSE_PRODUCTS, name="adjacency_as_scatter", predicate=_adjacency_product,
           doc="A sparse atoms x atoms matrix times atom rows: gather by column, index_add by row.")
 def adjacency_as_scatter(func, meta, args, kwargs):
-    """Row ``i`` of ``A @ h`` sums ``A[i, j] * h[j]``: the read of ``h[j]`` and the sum into
-    row ``i`` go through the read and scatter rules (ghost partials to their owners, remote
-    rows fetched), which a sparse kernel would bypass."""
+    """Row ``i`` of ``A @ h`` sums ``A[i, j] * h[j]``: the sum into row ``i`` goes through
+    the scatter rule (ghost partials to their owners), which a sparse kernel bypasses."""
     adjacency, rows = args
     if meta.layout.is_sharded():
         raise NotImplementedError(

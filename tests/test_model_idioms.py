@@ -2,7 +2,7 @@
 
 Whole-tensor reductions over the atoms (`WholeSystemMPNN`): a single-system model is
 often written with ``q - q.mean()``, ``(q * q).sum()``, ``x.max()``, ``x.amax()`` and
-``q @ x`` over all atoms. Each rank holds only some atoms, so these reduce the counted
+``q @ x``, ``softmax(dim=0)``, ``std`` over all atoms. Each rank holds only some atoms, so these reduce the counted
 rows over ranks and come back replicated; their uses per atom then carry the gradient
 shares of every rank (NOTE [whole sums are replicated] in mlipdd.shard.handlers).
 Before, a whole sum gave each rank only its own share of the gradient (forces off by
@@ -73,12 +73,12 @@ def test_ordinary_idioms_equal_one_process(world_size):
             assert relative_difference(r["energy"], ranks[0]["energy"]) < 1e-14
 
 
-class _StdOverAtoms(WholeSystemMPNN):
-    """Normalises by the standard deviation over all atoms: no exact cross-rank rule."""
+class _MedianOverAtoms(WholeSystemMPNN):
+    """Shifts by the median over all atoms: no exact cross-rank rule."""
 
     def atomic_energies(self, batch, positions, cell):
         energies = super().atomic_energies(batch, positions, cell)
-        return energies / energies.std()
+        return energies - energies.median()
 
 
 class _AllPairs(WholeSystemMPNN):
@@ -101,9 +101,9 @@ def _refusal(rank, world_size, factory, strategy, spec):
 def test_what_has_no_cross_rank_rule_is_refused_on_every_rank():
     """Each rank raises the refusal, or (when it was waiting in a collective) the first
     rank's refusal relayed by fail_together: either way the message with the fix."""
-    for message in run_ranks(_refusal, 2, _StdOverAtoms, "halo", SPEC_MPNN_HALO):
-        assert message is not None and "`std` over the atom/edge rows" in message
-        assert "mean(x**2) - mean(x)**2" in message
+    for message in run_ranks(_refusal, 2, _MedianOverAtoms, "halo", SPEC_MPNN_HALO):
+        assert message is not None and "`median` over the atom/edge rows" in message
+        assert "index_add/scatter_add" in message
     for message in run_ranks(_refusal, 2, _AllPairs, "sharded", SPEC_MPNN_SHARDED):
         assert message is not None and "torch.cdist over the atoms (all pairs)" in message
         assert "neighbour list" in message

@@ -69,6 +69,10 @@ PRECEDENCE: list[str] = [
     # no exact cross-rank form, refused (halo and sharded: `mlipdd.shard.row_reductions`)
     "row_mean",
     "row_extreme",
+    "row_softmax",
+    "row_logsumexp",
+    "row_spread",
+    "row_vector_norm",
     "row_reduction_refused",
     "row_contraction",
     "row_einsum",

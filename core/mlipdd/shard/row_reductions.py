@@ -9,9 +9,11 @@ give every rank a different, silently wrong number. Here they reduce the counted
 result equals one process's and is replicated (NOTE [whole sums are replicated] in
 `mlipdd.shard.handlers` for the sum, whose rules live with each layout's other rules).
 
-Reductions over rows with no exact cross-rank form here (variance, norms, products,
-medians, positions of extremes), and all-pairs distances of the atoms (``torch.cdist``),
-raise with the fix instead of answering. Running sums (``cumsum``) stay local: they
+Softmax and log-softmax over the atoms, logsumexp, variance, standard deviation and
+vector norms over rows are written with those rules. Reductions over rows with no exact
+cross-rank form here (products, medians, positions of extremes, matrix norms), and
+all-pairs distances of the atoms (``torch.cdist``), raise with the fix instead of
+answering. Running sums (``cumsum``) stay local: they
 build a rank's own index structures (offsets into its neighbour rows). Reductions
 along other dimensions (``vectors.norm(dim=-1)``, per-row means) are per-row
 and stay local; so do reductions of integer and boolean rows (NOTE [integer rows stay
@@ -245,6 +247,101 @@ def row_einsum(func, meta: ShardMeta, args, kwargs):
     return replicated(all_reduce_sum(partial, meta.group), meta)
 
 
+# ---- composites: written with the rules above ------------------------------------------------
+# Each runs on the ShardTensor itself, so its max, sums and means go through the rules
+# above (counted rows, over ranks, replicated) and its elementwise steps stay per row.
+_SOFTMAXES = {torch.nn.functional.softmax: False, torch.softmax: False, torch.Tensor.softmax: False,
+              torch.nn.functional.log_softmax: True, torch.log_softmax: True, torch.Tensor.log_softmax: True}
+_SPREADS = {torch.var: "var", torch.Tensor.var: "var", torch.std: "std", torch.Tensor.std: "std"}
+_VECTOR_NORMS = (torch.linalg.vector_norm, torch.norm, torch.Tensor.norm, torch.linalg.norm)
+
+
+def _softmax_over_rows(func, meta, args, kwargs) -> bool:
+    if func not in _SOFTMAXES or set(kwargs) - {"dim", "dtype", "_stacklevel"}:
+        return False
+    x = args[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    return isinstance(dim, int) and dim in (0, -x.dim()) and _rows_reduced(torch.sum, meta, (x, 0), {})
+
+
+@_on_rows(*_SOFTMAXES, name="row_softmax", predicate=_softmax_over_rows)
+def row_softmax(func, meta: ShardMeta, args, kwargs):
+    """softmax / log_softmax over all atoms (dim 0): shifted by the maximum over ranks,
+    normalised by the sum over ranks."""
+    x = args[0] if kwargs.get("dtype") is None else args[0].to(kwargs["dtype"])
+    shifted = x - x.detach().amax(0, keepdim=True)  # the shift cancels: no gradient needed
+    total = torch.exp(shifted).sum(0, keepdim=True)
+    return shifted - torch.log(total) if _SOFTMAXES[func] else torch.exp(shifted) / total
+
+
+def _logsumexp_over_rows(func, meta, args, kwargs) -> bool:
+    return func in (torch.logsumexp, torch.Tensor.logsumexp) and _rows_reduced(func, meta, args, kwargs)
+
+
+@_on_rows(torch.logsumexp, torch.Tensor.logsumexp, name="row_logsumexp", predicate=_logsumexp_over_rows)
+def row_logsumexp(func, meta: ShardMeta, args, kwargs):
+    x, dims = args[0], _sum_dims(args, kwargs)
+    keepdim = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+    peak = x.detach().amax(dims, keepdim=True)
+    out = torch.log(torch.exp(x - peak).sum(dims, keepdim=True)) + peak
+    return out if keepdim else out.squeeze(dims)
+
+
+def _spread_over_rows(func, meta, args, kwargs) -> bool:
+    """var/std with the dims given by position or name and the correction by name (the
+    legacy positional ``unbiased`` stays refused: it is ambiguous with ``dim``)."""
+    if func not in _SPREADS or len(args) > 2 or set(kwargs) - {"dim", "correction", "unbiased", "keepdim"}:
+        return False
+    if len(args) == 2 and isinstance(args[1], bool):
+        return False
+    return _rows_reduced(func, meta, args, kwargs)
+
+
+@_on_rows(*_SPREADS, name="row_spread", predicate=_spread_over_rows)
+def row_spread(func, meta: ShardMeta, args, kwargs):
+    """Variance (or standard deviation) over rows: the mean over ranks, then the summed
+    squared deviations over the number of elements of all ranks less the correction."""
+    x, dims = args[0], _sum_dims(args, kwargs)
+    keepdim = bool(kwargs.get("keepdim", False))
+    correction = kwargs.get("correction")
+    if correction is None:
+        correction = 1 if kwargs.get("unbiased", True) else 0
+    dims = tuple(range(x.dim())) if dims is None else dims
+    deviation = x - x.mean(dims, keepdim=True)
+    count = torch.ones_like(x.detach()).sum(dims, keepdim=keepdim)
+    variance = (deviation * deviation).sum(dims, keepdim=keepdim) / (count - correction)
+    return torch.sqrt(variance) if _SPREADS[func] == "std" else variance
+
+
+def _vector_norm_over_rows(func, meta, args, kwargs) -> bool:
+    """A p-norm of the whole tensor, or along dims that include the rows, for a number p
+    (``torch.norm``'s default "fro" is 2; a matrix norm of ``linalg.norm`` stays refused)."""
+    if func not in _VECTOR_NORMS or len(args) > 3 or set(kwargs) - {"ord", "p", "dim", "keepdim"}:
+        return False
+    order = args[1] if len(args) > 1 else kwargs.get("ord", kwargs.get("p", 2))
+    if func is torch.linalg.norm and (args[1:2] or "ord" in kwargs) and args[0].dim() > 1:
+        dim = args[2] if len(args) > 2 else kwargs.get("dim")
+        if dim is None or not isinstance(dim, int):
+            return False  # a matrix norm
+    order = 2 if order in ("fro", None) else order
+    return (isinstance(order, (int, float)) and not isinstance(order, bool) and order != 0
+            and _rows_reduced(func, meta, args, kwargs))
+
+
+@_on_rows(*_VECTOR_NORMS, name="row_vector_norm", predicate=_vector_norm_over_rows)
+def row_vector_norm(func, meta: ShardMeta, args, kwargs):
+    x = args[0]
+    order = args[1] if len(args) > 1 else kwargs.get("ord", kwargs.get("p", 2))
+    order = 2.0 if order in ("fro", None) else float(order)
+    dims = _reduced_dims(func, args, kwargs)
+    dims = tuple(range(x.dim())) if dims is None else dims
+    keepdim = bool(kwargs.get("keepdim", False))
+    magnitude = x.abs()
+    if math.isinf(order):
+        return magnitude.amax(dims, keepdim=keepdim) if order > 0 else magnitude.amin(dims, keepdim=keepdim)
+    return (magnitude**order).sum(dims, keepdim=keepdim) ** (1.0 / order)
+
+
 # ---- the rest: refused --------------------------------------------------------------------
 # (max/min along dim 0 reach this rule only in the forms `row_extreme` declines: with a
 # dim, which also returns the rows' positions)
@@ -254,10 +351,9 @@ def row_reduction_refused(func, meta: ShardMeta, args, kwargs):
     raise NotImplementedError(
         f"`{name}` over the atom/edge rows (dim 0, or the whole tensor) under domain "
         f"decomposition: each rank holds only some rows, and there is no exact cross-rank rule "
-        f"for `{name}` here, so it would give a per-rank, wrong answer. Write it with sums, "
-        "means or amax/amin over the rows (for example a variance as mean(x**2) - mean(x)**2, a "
-        "norm as sqrt((x**2).sum())), reduce per system with index_add/scatter_add, or reduce "
-        "along the other dimensions (dim=-1)"
+        f"for `{name}` (in this form) here, so it would give a per-rank, wrong answer. Write it "
+        "with sums, means, var/std, norms or amax/amin over the rows, reduce per system with "
+        "index_add/scatter_add, or reduce along the other dimensions (dim=-1)"
     )
 
 

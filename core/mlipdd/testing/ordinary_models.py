@@ -16,8 +16,9 @@ read by sender index (``state[sender]``) and accumulated with in-place ``index_a
 * `WholeSystemMPNN`: one system written with whole-tensor reductions over the atoms
   (``q - q.mean()`` for neutral charges, ``(q * q).sum()`` fed back into every atom, a
   softmax over all atoms shifted by ``chi.max()``, ``features.abs().amax()``, products
-  over the atoms ``q @ x``, ``torch.dot``, ``x.T @ x``, ``einsum("n,nk,k->")``), as a
-  single-system model is often written.
+  over the atoms ``q @ x``, ``torch.dot``, ``x.T @ x``, ``einsum("n,nk,k->")``,
+  ``softmax(dim=0)``, ``logsumexp``, ``std``, ``var`` and ``vector_norm`` over the atoms),
+  as a single-system model is often written.
 * `DegreeMPNN`: messages summed with ``index_put_(..., accumulate=True)`` and divided by
   the out-degree of each atom within the cutoff (an ``index_add_`` of ones by sender);
   its first layer (whose ghost rows the second reads) can instead average its messages
@@ -180,8 +181,13 @@ class WholeSystemMPNN(_OrdinaryMPNN):
         polarity = charges @ features  # (features,): a contraction over the atoms
         coupling = torch.dot(charges, raw) + (features.T @ features).trace()
         projection = torch.einsum("n,nk,k->", charges, features, self.readout)
+        # the same pooling by library calls, and spreads over all atoms
+        attention = torch.nn.functional.softmax(chi, dim=0)
+        spread = raw.std() + features.var(dim=0).sum() + torch.linalg.vector_norm(charges)
+        free_energy = torch.logsumexp(chi, dim=0) + torch.log_softmax(chi, 0).mean()
         return (features @ self.readout + 0.5 * charges**2 + 0.05 * features @ (pooled + polarity)
-                + 0.01 * chi.amax() + 1e-3 * torch.tanh(coupling) + 0.01 * projection)
+                + 0.01 * chi.amax() + 1e-3 * torch.tanh(coupling) + 0.01 * projection
+                + 0.1 * attention * chi + 0.01 * (spread + free_energy))
 
 
 class DegreeMPNN(_OrdinaryMPNN):

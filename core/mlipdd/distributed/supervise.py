@@ -71,6 +71,7 @@ class _Rank:
     ended: int | None = None  # order in which the launcher saw it end
     terminated_by_launcher: bool = False
     suspended: bool = False  # stopped (SIGSTOP, Ctrl-Z) when the launcher had to end it
+    signalled: bool = False  # the launcher has sent it a signal
 
 
 class Supervisor:
@@ -96,11 +97,11 @@ class Supervisor:
         """Start the next rank, unless a stop signal came first."""
         if self.stop_signal is not None:
             return
-        process = start_rank(command, env)
-        self.ranks.append(_Rank(len(self.ranks), process))
-        if self.stop_signal is not None:  # came while it was starting: not in the last _send
+        rank = _Rank(len(self.ranks), start_rank(command, env))
+        self.ranks.append(rank)
+        if self.stop_signal is not None and not rank.signalled:  # came before it was listed
             with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
+                rank.process.send_signal(signal.SIGTERM)
 
     # signals -----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -129,6 +130,7 @@ class Supervisor:
                 if mark and not r.terminated_by_launcher:
                     r.suspended = _process_state(r.process.pid) == "T"
                 r.terminated_by_launcher |= mark
+                r.signalled = True
                 with contextlib.suppress(ProcessLookupError):
                     r.process.send_signal(sig)
 

@@ -100,16 +100,9 @@ def row_mean(func, meta: ShardMeta, args, kwargs):
         partial = torch.sum(counted, *args[1:], **rest)
     dims = _sum_dims(args, kwargs)
     per_row = math.prod(x.shape[d] for d in (range(1, x.dim()) if dims is None else dims) if d != 0)
-    total_rows = _count_over_ranks(counted.shape[0], meta.group, partial)
-    return replicated(all_reduce_sum(partial, meta.group) / (total_rows * per_row), meta)
-
-
-def _count_over_ranks(count: int, group, like: torch.Tensor) -> torch.Tensor:
-    """A count summed over ranks, kept on the device (no host read in the forward)."""
-    total = torch.tensor(float(count), dtype=like.dtype, device=like.device)
-    if group_size(group) > 1:
-        dist.all_reduce(total, group=group)
-    return total
+    # one collective for the partial sums and this rank's row count together
+    both = all_reduce_sum(torch.cat([partial.reshape(-1), partial.new_tensor([counted.shape[0]])]), meta.group)
+    return replicated(both[:-1].reshape(partial.shape) / (both[-1] * per_row), meta)
 
 
 # ---- extremes -----------------------------------------------------------------------------

@@ -40,6 +40,26 @@ def reference_tables(dtype=torch.float64) -> dict[str, torch.Tensor]:
     return {"c6": ref.c6, "cn": ref.cn, "rcov": radii.COV_D3(dtype=dtype), "r4r2": data.R4R2(dtype=dtype)}
 
 
+def reference_weights(cn: torch.Tensor, cn_ref: torch.Tensor) -> torch.Tensor:
+    """Normalised Gaussian weights ``exp(-4 (CN - CNref_a)^2) / sum_b exp(-4 (CN - CNref_b)^2)``.
+
+    ``cn_ref`` is (N, 7) with ``CNref < 0`` marking an unused slot. Written as a softmax
+    over the exponents (the largest is subtracted before exponentiating), so the weights
+    never all underflow: an atom whose CN lies far above its element's largest reference
+    (Mg in rock-salt MgO reaches 16.4 against 1.95; every ``exp`` is 0 in float64, and
+    0 / 0 was NaN) gets all its weight on the highest-CN reference, which is what
+    simple-dftd3 and tad-dftd3 fall back to there. Where nothing underflows this is the
+    plain quotient to rounding; near the fallback the next reference's share is
+    ``exp(-4 (2 CN - CN_a - CN_b)(CN_a - CN_b))``, below 1e-12 for every element of the
+    table (closest top pair: Ni, 6.29 and 6.55) by the time the reference codes switch.
+    Smooth everywhere, and the same in float32 (whose ``exp`` underflows already at
+    ``|CN - CNref| > 5``).
+    """
+    exponents = -4.0 * (cn.unsqueeze(1) - cn_ref).square()
+    exponents = torch.where(cn_ref >= 0, exponents, torch.full_like(exponents, float("-inf")))
+    return torch.softmax(exponents, dim=1)
+
+
 class D3Wrapper(ModelWrapper):
     """DFT-D3(BJ) with damping parameters ``s6, a1, s8, a2`` (default PBE)."""
 
@@ -53,25 +73,39 @@ class D3Wrapper(ModelWrapper):
     def distribution_spec(self, strategy=None):
         return SPEC_DFTD3_HALO
 
-    def atomic_energies(self, batch: Batch, positions, cell) -> torch.Tensor:
+    def _edges(self, batch: Batch, positions, cell):
         z = batch.atomic_numbers
         if bool((z >= self.cn.shape[0]).any()):
             raise InputError(f"D3Wrapper has reference data up to Z={self.cn.shape[0] - 1}; "
                              "remove heavier elements or use another dispersion model")
         sender, receiver, d = edge_distances(batch, positions, cell)
-        r = d / BOHR
         inside = d < self.cutoff
-        safe = torch.where(inside, r, torch.ones_like(r))
-        # coordination numbers: complete on every [owned | ghost] row (halo-corrected scatter)
+        safe = torch.where(inside, d / BOHR, torch.ones_like(d))  # Bohr; 1 off the cutoff
+        return z, sender, receiver, inside, safe
+
+    def _coordination(self, z, sender, receiver, inside, safe, n_rows: int):
+        # complete on every [owned | ghost] row under DD (halo-corrected scatter)
         r0 = self.rcov[z[sender]] + self.rcov[z[receiver]]
-        count = torch.where(inside, 1.0 / (1.0 + torch.exp(-16.0 * (r0 / safe - 1.0))), torch.zeros_like(r))
-        cn = torch.zeros(positions.shape[0], dtype=positions.dtype, device=positions.device)
-        cn = cn.index_add(0, receiver, count)
-        # Gaussian weights of each atom's reference systems (CNref < 0 marks an unused slot)
-        cn_ref = self.cn[z]
-        weights = torch.where(cn_ref >= 0, torch.exp(-4.0 * (cn.unsqueeze(1) - cn_ref).square()),
-                              torch.zeros_like(cn_ref))
-        weights = weights / weights.sum(1, keepdim=True)
+        count = torch.where(inside, 1.0 / (1.0 + torch.exp(-16.0 * (r0 / safe - 1.0))), torch.zeros_like(safe))
+        cn = torch.zeros(n_rows, dtype=safe.dtype, device=safe.device)
+        return cn.index_add(0, receiver, count)
+
+    def coordination_numbers(self, batch: Batch, positions=None, cell=None) -> torch.Tensor:
+        """D3 coordination number of every atom (the exponential counting function)."""
+        if batch.neighbors is None:
+            from mlipdd.neighbors import attach_neighbors
+
+            batch = batch.clone()
+            attach_neighbors(batch, self.cutoff)
+        positions = batch.positions if positions is None else positions
+        cell = batch.cell if cell is None else cell
+        edges = self._edges(batch, positions, cell)
+        return self._coordination(*edges, positions.shape[0])
+
+    def atomic_energies(self, batch: Batch, positions, cell) -> torch.Tensor:
+        z, sender, receiver, inside, safe = self._edges(batch, positions, cell)
+        cn = self._coordination(z, sender, receiver, inside, safe, positions.shape[0])
+        weights = reference_weights(cn, self.cn[z])
         c6_ref = self.c6[z[sender], z[receiver]]  # (E, 7, 7)
         c6 = torch.einsum("ea,eab,eb->e", weights[sender], c6_ref, weights[receiver])
         qq = 3.0 * self.r4r2[z[sender]] * self.r4r2[z[receiver]]

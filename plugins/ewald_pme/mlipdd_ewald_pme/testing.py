@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -188,3 +189,150 @@ def mace_pme_d3_pipeline():
     from mlipdd_ewald_pme.wrappers import PMEWrapper
 
     return PipelineModelWrapper([mace_block(), PMEWrapper(cutoff=6.0, accuracy=1e-6), D3Wrapper(cutoff=5.0)])
+
+
+# ---- D3 oracles: tad-dftd3 (molecular; periodic through an image cluster), simple-dftd3 ----
+
+
+def _image_cluster(positions, cell, pbc, reach: float):
+    """Every periodic image within ``reach`` of some atom of the cell: (atom index, shift)."""
+    if not bool(pbc.any()):
+        return torch.arange(len(positions)), torch.zeros(len(positions), 3, dtype=positions.dtype)
+    heights = 1.0 / torch.linalg.inv(cell).norm(dim=0)
+    bounds = [math.ceil(reach / float(h)) + 1 if bool(p) else 0 for h, p in zip(heights, pbc)]
+    axes = [torch.arange(-b, b + 1, dtype=positions.dtype) for b in bounds]
+    shifts = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
+    images = positions.unsqueeze(0) + (shifts @ cell).unsqueeze(1)  # (S, N, 3)
+    near = torch.cdist(images.reshape(-1, 3), positions).amin(1) <= reach
+    index = torch.arange(len(positions)).repeat(len(shifts))[near]
+    return index, shifts.repeat_interleave(len(positions), 0)[near]
+
+
+def tad_dftd3_reference(batch: Batch, cutoff: float, params: dict, s9: float = 0.0):
+    """Energy, forces and stress of one system from tad-dftd3 (eV, eV/A, eV/A^3).
+
+    tad-dftd3 is molecular, so a periodic cell becomes a cluster of its images: every image
+    within twice the cutoff of a cell atom (a pair energy needs both atoms' CN, a CN needs
+    the neighbours within the cutoff). The cell's energy is the sum of tad-dftd3's
+    atom-resolved energies of the cell's own atoms; as a function of the cell atoms'
+    positions (each image follows its atom) and of a strain of the whole cluster, it is the
+    periodic energy exactly, so autograd gives the periodic forces and stress. ``s9 > 0``
+    adds tad-dftd3's three-body (ATM) term with the same cutoff.
+    """
+    import tad_dftd3
+    from tad_dftd3.cutoff import Cutoff
+
+    from mlipdd_ewald_pme.d3 import BOHR, HARTREE
+
+    cell = batch.cell[0].detach().clone()
+    pbc = batch.pbc[0] if batch.pbc is not None else torch.zeros(3, dtype=torch.bool)
+    index, shifts = _image_cluster(batch.positions.detach(), cell, pbc, 2 * cutoff)
+    own = (shifts == 0).all(1)
+    param = {k: torch.tensor(float(v), dtype=cell.dtype) for k, v in {**params, "s9": s9}.items()}
+    cut = Cutoff(cn=cutoff / BOHR, disp2=cutoff / BOHR, disp3=cutoff / BOHR, dtype=cell.dtype)
+
+    def cell_energy(positions, strain):
+        deform = torch.eye(3, dtype=cell.dtype) + 0.5 * (strain + strain.T)
+        cluster = (positions[index] + shifts @ cell) @ deform
+        per_atom = tad_dftd3.dftd3(batch.atomic_numbers[index], cluster / BOHR, param, cutoff=cut)
+        return HARTREE * per_atom[own].sum()
+
+    positions = batch.positions.detach().clone().requires_grad_(True)
+    strain = torch.zeros(3, 3, dtype=cell.dtype, requires_grad=True)
+    energy = cell_energy(positions, strain)
+    grad_pos, grad_strain = torch.autograd.grad(energy, [positions, strain])
+    differences = False
+    if not bool(torch.isfinite(grad_pos).all() and torch.isfinite(grad_strain).all()):
+        # tad-dftd3's own fallback (all weights on the highest-CN reference when every
+        # Gaussian underflows) has a NaN backward: its energy is fine, so differentiate
+        # that by central differences (h = 1e-4 A / 1e-4 strain: ~1e-9 relative)
+        differences, h = True, 1e-4
+        with torch.no_grad():
+            grad_pos = torch.zeros_like(positions)
+            for i, j in itertools.product(range(len(positions)), range(3)):
+                step = torch.zeros_like(positions)
+                step[i, j] = h
+                grad_pos[i, j] = (cell_energy(positions + step, strain) - cell_energy(positions - step, strain)) / (2 * h)
+            grad_strain = torch.zeros_like(strain)
+            for i, j in itertools.product(range(3), range(3)):
+                if not bool(pbc.all()) or j < i:
+                    continue
+                step = torch.zeros_like(strain)
+                step[i, j] = h  # the symmetrised strain moves (i, j) and (j, i) by h / 2 each
+                value = (cell_energy(positions, strain + step) - cell_energy(positions, strain - step)) / (2 * h)
+                grad_strain[i, j] = grad_strain[j, i] = value
+    volume = float(cell.det().abs()) if bool(pbc.all()) else float("nan")
+    return {"energy": energy.detach(), "forces": -grad_pos, "stress": grad_strain / volume,
+            "cluster_atoms": len(index), "finite_differences": differences}
+
+
+def simple_dftd3_reference(batch: Batch, cutoff: float, params: dict, s9: float = 0.0):
+    """Energy, forces and stress of one system from simple-dftd3 (the ``dftd3`` package's
+    Python API over its compiled library; periodic natively), same cutoffs and units as
+    `tad_dftd3_reference`."""
+    from dftd3.interface import DispersionModel, RationalDampingParam
+
+    from mlipdd_ewald_pme.d3 import BOHR, HARTREE
+
+    pbc = batch.pbc[0] if batch.pbc is not None else torch.zeros(3, dtype=torch.bool)
+    cell = batch.cell[0].detach().double()
+    model = DispersionModel(batch.atomic_numbers.numpy(), batch.positions.detach().double().numpy() / BOHR,
+                            cell.numpy() / BOHR, pbc.numpy())
+    model.set_realspace_cutoff(cutoff / BOHR, cutoff / BOHR, cutoff / BOHR)
+    damping = RationalDampingParam(s6=params["s6"], s8=params["s8"], a1=params["a1"], a2=params["a2"], s9=s9)
+    result = model.get_dispersion(damping, grad=True)
+    volume = float(cell.det().abs()) if bool(pbc.all()) else float("nan")
+    return {"energy": torch.tensor(HARTREE * float(result["energy"]), dtype=torch.float64),
+            "forces": torch.from_numpy(-HARTREE / BOHR * result["gradient"]),
+            "stress": torch.from_numpy(HARTREE * result["virial"] / volume)}
+
+
+def d3_systems(seed: int = 0) -> dict:
+    """Crystals (ionic, covalent, metals), an oxide slab, an open MgO cluster and molecules,
+    as ``{name: ase.Atoms}``, rattled by 0.05 A (forces and off-diagonal stress nonzero).
+
+    The dense ionic solids (MgO, CsCl, CaF2, LiF, Al2O3, the MgO slab and cluster) put
+    cations at coordination numbers far above their largest D3 reference, where every
+    Gaussian weight underflows (NaN before the fix)."""
+    import numpy as np
+    from ase import Atoms
+    from ase.build import bulk, molecule, surface
+    from ase.spacegroup import crystal
+
+    systems = {
+        "MgO rock salt": bulk("MgO", "rocksalt", a=4.21),
+        "CsCl": bulk("CsCl", "cesiumchloride", a=4.12),
+        "CaF2 fluorite": bulk("CaF2", "fluorite", a=5.46),
+        "LiF rock salt": bulk("LiF", "rocksalt", a=4.03),
+        "NaCl rock salt (cubic)": bulk("NaCl", "rocksalt", a=5.64, cubic=True),
+        "Al2O3 corundum": crystal(["Al", "O"], basis=[(0, 0, 0.3523), (0.3064, 0, 0.25)], spacegroup=167,
+                                  cellpar=[4.759, 4.759, 12.99, 90, 90, 120]),
+        "TiO2 rutile": crystal(["Ti", "O"], basis=[(0, 0, 0), (0.3048, 0.3048, 0)], spacegroup=136,
+                               cellpar=[4.594, 4.594, 2.959, 90, 90, 90]),
+        "SrTiO3 perovskite": crystal(["Sr", "Ti", "O"], basis=[(0, 0, 0), (0.5, 0.5, 0.5), (0.5, 0.5, 0)],
+                                     spacegroup=221, cellpar=[3.905, 3.905, 3.905, 90, 90, 90]),
+        "ZnS zinc blende": bulk("ZnS", "zincblende", a=5.41),
+        "Si diamond": bulk("Si", "diamond", a=5.43),
+        "Cu fcc (cubic)": bulk("Cu", "fcc", a=3.61, cubic=True),
+        "Al fcc (cubic)": bulk("Al", "fcc", a=4.05, cubic=True),
+        "Fe bcc (cubic)": bulk("Fe", "bcc", a=2.87, cubic=True),
+        "Ni fcc (cubic)": bulk("Ni", "fcc", a=3.52, cubic=True),
+        "Li bcc (cubic)": bulk("Li", "bcc", a=3.51, cubic=True),
+        "MgO(100) slab": surface(bulk("MgO", "rocksalt", a=4.21, cubic=True), (1, 0, 0), 3, vacuum=6.0),
+        "MgO cluster (open)": bulk("MgO", "rocksalt", a=4.21, cubic=True).repeat((2, 2, 2)),
+        "H2O": molecule("H2O"),
+        "CH4": molecule("CH4"),
+        "benzene": molecule("C6H6"),
+        "ethanol": molecule("CH3CH2OH"),
+        "SiH4": molecule("SiH4"),
+    }
+    systems["MgO(100) slab"].pbc = (True, True, False)
+    cluster = systems["MgO cluster (open)"]
+    systems["MgO cluster (open)"] = Atoms(cluster.numbers, cluster.positions, cell=np.eye(3) * 30.0, pbc=False)
+    rng = np.random.default_rng(seed)
+    for atoms in systems.values():
+        if not atoms.pbc.any():
+            atoms.cell = np.eye(3) * 30.0
+            atoms.center()
+        atoms.positions += rng.normal(scale=0.05, size=atoms.positions.shape)
+    return systems

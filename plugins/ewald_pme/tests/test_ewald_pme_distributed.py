@@ -3,8 +3,9 @@ process (float64, relative 1e-10): a small tilted charged cell whose ranks see t
 images, a batch of two different triclinic cells with random non-neutral charges, a slab
 with vacuum (DSF), and a 2000-atom rattled rock salt with vacancies (PME). Pipelines run
 under DistributedPipelineModel: [MACE, PME], [MACE, QEq charges -> PME], [MACE, D3] and
-[MACE, PME, D3]. One spawned
-launch per rank count runs every case.
+[MACE, PME, D3]; D3 alone on rattled MgO, whose Mg coordination numbers lie far past
+every D3 reference (the stable weights' fallback). One spawned launch per rank count
+runs every case.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ import functools
 import os
 
 import pytest
+from mlipdd import Batch
 from mlipdd.testing.spawn import run_ranks
 from mlipdd.testing.systems import slab, two_systems
+from mlipdd_ewald_pme.d3 import D3Wrapper
 from mlipdd_ewald_pme.testing import (
     compare_distributed,
+    d3_systems,
     distributed_cases,
     mace_d3_pipeline,
     mace_pme_d3_pipeline,
@@ -31,6 +35,7 @@ WORLD_SIZES = tuple(int(n) for n in os.environ.get("MLIPDD_CONFORMANCE_RANKS", "
 EWALD = functools.partial(EwaldWrapper, cutoff=6.0, accuracy=1e-6)
 PME = functools.partial(PMEWrapper, cutoff=6.0, accuracy=1e-6)
 DSF = functools.partial(DSFWrapper, cutoff=7.0, alpha=0.25)
+D3 = functools.partial(D3Wrapper, cutoff=6.0)
 
 
 def _cases():
@@ -39,11 +44,14 @@ def _cases():
     vacuum = random_charges(slab(species=(11, 17), spacing=2.9, reps=(5, 5, 3)), seed=3)
     large = rock_salt((8, 8, 4), vacancies=24, rattle=0.15, seed=4)
     assert large.num_atoms == 2000
+    mgo = Batch.from_ase(d3_systems()["MgO(100) slab"].repeat((2, 2, 1)))
+    mgo.system["pbc"][:] = True  # vacuum along z, periodic: ranks split a cell with a gap
     return [
         (EWALD, small, True), (PME, small, True), (DSF, small, True),
         (EWALD, pair, True), (PME, pair, True), (DSF, vacuum, True),
         (mace_pme_pipeline, small, True), (qeq_pme_pipeline, small, True),
         (mace_d3_pipeline, pair, True), (mace_pme_d3_pipeline, small, True),
+        (D3, mgo, True),
         (PME, large, True), (DSF, large, False),
     ]
 

@@ -55,6 +55,73 @@ def test_preset_roundtrip(name, tmp_path):
     assert list(loaded.output_kinds) == list(PRESETS[name].output_kinds)
 
 
+def _registered_presets() -> list[str]:
+    from mlipdd.plugins import registry
+
+    return sorted(registry().presets)
+
+
+@pytest.mark.parametrize("name", _registered_presets())
+def test_every_registered_preset_roundtrips(name, tmp_path):
+    """Every preset any installed plugin registers saves and loads again with nothing but
+    the plugins' own allow-list (before: SPEC_AIMNET2_HALO/SHARDED and SPEC_UMA_HALO named
+    modules their plugins did not allow-list)."""
+    from mlipdd.plugins import get_preset
+
+    spec = get_preset(name)
+    loaded, _ = _roundtrip(spec, tmp_path)
+    assert loaded == spec
+
+
+def test_the_shipped_plugin_presets_are_among_the_registered():
+    import importlib.util
+
+    shipped = {
+        "mlipdd_aimnet2": {"SPEC_AIMNET2_HALO", "SPEC_AIMNET2_SHARDED"},
+        "mlipdd_uma": {"SPEC_UMA_HALO"},
+    }
+    for plugin, names in shipped.items():
+        if importlib.util.find_spec(plugin) is not None:
+            assert names <= set(_registered_presets()), plugin
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        n for n in _registered_presets() if n not in PRESETS
+    ],  # the core's have no adapters to install
+)
+def test_every_registered_preset_installs_after_a_roundtrip(name, tmp_path):
+    """The loaded adapters resolve under the strict rules (replacements defined where
+    they are named, patched classes defined in their module) and restore cleanly."""
+    import importlib
+    import importlib.util
+
+    from mlipdd.plugins import get_preset
+
+    loaded, _ = _roundtrip(get_preset(name), tmp_path)
+    helpers = loaded.distribution.third_party_helpers
+    tops = {h.module_path.split(".")[0] for h in helpers}
+    missing = sorted(top for top in tops if importlib.util.find_spec(top) is None)
+    if missing:
+        pytest.skip(f"{name} patches {missing}, which is not installed")
+
+    def targets():
+        out = []
+        for h in helpers:
+            module = importlib.import_module(h.module_path)
+            if h.kind == "method":
+                out.append(vars(getattr(module, h.class_name))[h.method_name])
+            else:
+                out.append(vars(module)[h.function_name])
+        return out
+
+    before = targets()
+    with installed(loaded):
+        during = targets()
+    assert all(a is not b for a, b in zip(before, during)) and targets() == before
+
+
 def test_op_adapter_roundtrip(tmp_path):
     spec = MLIPSpec(
         DistributionSpec(
@@ -351,3 +418,60 @@ def test_spec_modules_come_from_the_plugin_registry(tmp_path, monkeypatch):
         assert "spec_helpers" not in allowed_modules()
     finally:
         reset_registry()  # the next user rebuilds the manager with autoload as configured
+
+
+def test_a_patch_only_module_may_be_patched_but_never_named_as_a_replacement(tmp_path, monkeypatch):
+    from mlipdd.plugins import (
+        hookimpl,
+        register_plugin,
+        registry,
+        reset_registry,
+        unregister_plugin,
+    )
+
+    class PatchOnly:
+        @hookimpl
+        def mlipdd_register_spec_modules(self, register):
+            register("spec_helpers", patch_only=True)
+
+    monkeypatch.setenv("MLIPDD_DISABLE_PLUGIN_AUTOLOAD", "1")
+    register_plugin(PatchOnly(), "test-patch-only-spec-helpers")
+    try:
+        reg = registry()
+        assert "spec_helpers" in reg.spec_patch_modules
+        assert "spec_helpers" not in reg.spec_modules
+        patched = _python_helper("spec_helpers", "helper", "mlipdd.spec.presets:helper")
+        assert MLIPSpec.load(_write(tmp_path, patched)).distribution.third_party_helpers
+        as_replacement = _python_helper("mlipdd.spec.presets", "x", "spec_helpers:helper_negated")
+        with pytest.raises(SpecError, match="allow-listed for patching only") as info:
+            MLIPSpec.load(_write(tmp_path, as_replacement))
+        assert "third_party_helpers[0].replacement" in str(info.value)
+        assert MLIPSpec.load(_write(tmp_path, as_replacement), allow=["spec_helpers"])
+    finally:
+        unregister_plugin("test-patch-only-spec-helpers")
+        reset_registry()
+
+
+def test_patch_only_must_be_a_bool(monkeypatch):
+    from mlipdd.plugins import (
+        PluginError,
+        hookimpl,
+        register_plugin,
+        registry,
+        reset_registry,
+        unregister_plugin,
+    )
+
+    class Sloppy:
+        @hookimpl
+        def mlipdd_register_spec_modules(self, register):
+            register("spec_helpers", patch_only="yes")
+
+    monkeypatch.setenv("MLIPDD_DISABLE_PLUGIN_AUTOLOAD", "1")
+    register_plugin(Sloppy(), "test-sloppy-patch-only")
+    try:
+        with pytest.raises(PluginError, match="patch_only='yes'"):
+            registry()
+    finally:
+        unregister_plugin("test-sloppy-patch-only")
+        reset_registry()

@@ -51,7 +51,7 @@ class RegisterPreset(Protocol):
 class RegisterSpecModule(Protocol):
     """Signature of the callback handed to :func:`mlipdd_register_spec_modules`."""
 
-    def __call__(self, module_path: str) -> None: ...
+    def __call__(self, module_path: str, *, patch_only: bool = False) -> None: ...
 
 
 class RegisterStrategy(Protocol):
@@ -100,13 +100,23 @@ def mlipdd_register_presets(register: RegisterPreset) -> None:
 def mlipdd_register_spec_modules(register: RegisterSpecModule) -> None:
     """Allow-list modules that a saved spec file may reference.
 
-    Spec files are input, not code: loading one may only resolve objects that live
-    in an allow-listed module (or a submodule of one). A plugin that ships its own
-    adapters or transforms calls ``register("mlipdd_<name>.spec")`` so that specs
-    mentioning them can be loaded again. Registering the same module twice is
-    harmless.
+    Spec files are input, not code: loading one may only resolve objects *defined* in
+    an allow-listed module (or a submodule of one), of the kind the file declares (a
+    replacement must be a function defined there, a patched class a class defined
+    there); a name an allow-listed module merely re-exports is refused. Allow-list
+    exactly the modules your presets name, not whole upstream packages:
 
-    :param register: callback ``(module_path: str) -> None``.
+    * ``register("mlipdd_<name>.adapters")``: a module of your own whose functions are
+      adapter replacements (named in a file's ``replacement``);
+    * ``register("upstream.module", patch_only=True)``: a module whose functions or
+      classes your adapters patch (named in a file's ``module_path``); its functions can
+      then be replaced, never called in place of another.
+
+    Every preset the plugin registers must save and load again
+    (``MLIPSpec.load(path) == preset``). Registering the same module twice is harmless;
+    a module registered both ways is allow-listed in full.
+
+    :param register: callback ``(module_path: str, *, patch_only: bool = False) -> None``.
     """
 
 

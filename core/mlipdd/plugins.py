@@ -102,6 +102,7 @@ class Registry:
     preset_plugins: dict[str, str] = field(default_factory=dict)
     strategies: dict[str, StrategyEntry] = field(default_factory=dict)
     spec_modules: set[str] = field(default_factory=set)
+    spec_patch_modules: set[str] = field(default_factory=set)  # patch targets only, never replacements
     plugins: list[PluginInfo] = field(default_factory=list)
     failed: list[FailedPlugin] = field(default_factory=list)
 
@@ -223,7 +224,7 @@ def registry() -> Registry:
 
 def _build_registry(manager: pluggy.PluginManager) -> Registry:
     reg = Registry()
-    spec_module_sources: list[tuple[str, str]] = []  # (module, plugin), filtered at the end
+    spec_module_sources: list[tuple[str, str, bool]] = []  # (module, plugin, patch_only), filtered at the end
 
     def model_registrar(plugin: str):
         def register(name: str, factory: Callable[..., Any], description: str = "") -> None:
@@ -265,14 +266,19 @@ def _build_registry(manager: pluggy.PluginManager) -> Registry:
         return register
 
     def spec_module_registrar(plugin: str):
-        def register(module_path: str) -> None:
+        def register(module_path: str, *, patch_only: bool = False) -> None:
             if not isinstance(module_path, str) or not all(
                 p.isidentifier() for p in module_path.split(".")
             ):
                 raise PluginError(
                     f"plugin {plugin!r} allow-listed {module_path!r}, which is not a dotted module path"
                 )
-            spec_module_sources.append((module_path, plugin))
+            if not isinstance(patch_only, bool):
+                raise PluginError(
+                    f"plugin {plugin!r} allow-listed {module_path!r} with patch_only={patch_only!r}; "
+                    "pass True or False"
+                )
+            spec_module_sources.append((module_path, plugin, patch_only))
 
         return register
 
@@ -303,7 +309,9 @@ def _build_registry(manager: pluggy.PluginManager) -> Registry:
                 )
                 manager.unregister(name=impl.plugin_name)
     # A plugin that crashed part-way is skipped whole: drop what it did register.
-    reg.spec_modules = {module for module, plugin in spec_module_sources if plugin not in broken}
+    kept = [(module, patch_only) for module, plugin, patch_only in spec_module_sources if plugin not in broken]
+    reg.spec_modules = {module for module, patch_only in kept if not patch_only}
+    reg.spec_patch_modules = {module for module, patch_only in kept if patch_only} - reg.spec_modules
     reg.models = {n: e for n, e in reg.models.items() if e.plugin not in broken}
     reg.presets = {n: s for n, s in reg.presets.items() if reg.preset_plugins[n] not in broken}
     reg.preset_plugins = {n: p for n, p in reg.preset_plugins.items() if p not in broken}

@@ -53,6 +53,7 @@ def as_dict(reg: plugins.Registry) -> dict:
             for name, entry in sorted(reg.strategies.items())
         },
         "spec_modules": sorted(reg.spec_modules),
+        "spec_patch_modules": sorted(reg.spec_patch_modules),
         "failed": [failure._asdict() for failure in reg.failed],
     }
 
@@ -82,6 +83,8 @@ def format_text(reg: plugins.Registry) -> str:
     if not reg.strategies:
         lines.append("  (none)")
     lines.append(f"Spec modules: {', '.join(sorted(reg.spec_modules)) or '(none)'}")
+    if reg.spec_patch_modules:
+        lines.append(f"Spec modules, patch targets only: {', '.join(sorted(reg.spec_patch_modules))}")
     if reg.failed:
         lines.append("Failed plugins (skipped):")
         for failure in reg.failed:

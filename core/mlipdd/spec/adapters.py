@@ -9,12 +9,19 @@
 
 Method/Python/Jit adapters are installed with :func:`mlipdd.spec.installed` (or
 ``install()`` / ``restore()``); see NOTE [patch stacks] in ``patching``.
+
+A class or replacement given by *name* (the keyword form, and every adapter read from a
+spec file) is resolved when installed and must be defined where the name says and be of
+its kind: a replacement a Python function, a patched class a class (see NOTE [defined,
+not re-exported] in ``refs``). A class or callable given as an *object* is the caller's
+code and is used as given.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -22,7 +29,7 @@ from typing import Any, ClassVar
 from mlipdd.spec._frozen import FrozenDict
 from mlipdd.spec.errors import SpecError
 from mlipdd.spec.patching import PatchHandle, apply_patch, remove_patch
-from mlipdd.spec.refs import import_attr, import_module, resolve_ref, split_ref
+from mlipdd.spec.refs import import_module, resolve_defined, split_ref
 from mlipdd.spec.transforms import Transform, is_transform
 
 __all__ = ["JitAdapter", "MethodAdapter", "OpAdapter", "PythonAdapter"]
@@ -161,12 +168,18 @@ def _check_replacement(replacement: Any, owner: str) -> None:
 
 
 def _resolve_replacement(replacement: Any, label: str) -> Callable[..., Any]:
-    if isinstance(replacement, str):
-        found = resolve_ref(replacement, what=f"the replacement of {label}")
-        if not callable(found):
-            raise SpecError(f"{label}: replacement {replacement!r} is not callable")
-        return found
+    if isinstance(replacement, str):  # a name: a function defined where it says
+        return resolve_defined(replacement, kind="function", what=f"the replacement of {label}")
     return replacement
+
+
+def _is_function(obj: Any) -> bool:
+    """A Python or builtin function, or a TorchScript function (what Python/Jit adapters
+    patch)."""
+    if inspect.isroutine(obj):
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.jit.ScriptFunction)
 
 
 class _PatchingAdapter:
@@ -291,10 +304,11 @@ class MethodAdapter(_PatchingAdapter):
         """The class to patch (imports ``module_path`` in the keyword form)."""
         if self.target is not None:
             return self.target
-        cls = import_attr(self.module_path, self.class_name, what="the class of a MethodAdapter")
-        if not isinstance(cls, type):
-            raise SpecError(f"{self.module_path}:{self.class_name} is not a class; fix class_name")
-        return cls
+        return resolve_defined(
+            f"{self.module_path}:{self.class_name}",
+            kind="class",
+            what=f"the class of MethodAdapter({self.class_name}.{self.method_name})",
+        )
 
     def _apply(self) -> PatchHandle:
         label = f"MethodAdapter({self.class_name}.{self.method_name})"
@@ -309,6 +323,11 @@ class MethodAdapter(_PatchingAdapter):
             raise SpecError(
                 f"{label}: {self.method_name} is a {type(current).__name__}; MethodAdapter "
                 "replaces instance methods only (use PythonAdapter for plain functions)"
+            )
+        if not inspect.isfunction(current):
+            raise SpecError(
+                f"{label}: {cls.__qualname__}.{self.method_name} is {current!r}, not a method "
+                "defined in Python; MethodAdapter replaces instance methods written in Python"
             )
         replacement = _resolve_replacement(self.replacement, label)
 
@@ -372,6 +391,12 @@ class PythonAdapter(_PatchingAdapter):
             raise SpecError(
                 f"{label}: module {self.module_path} has no function {self.function_name!r}; "
                 "the installed version may differ from the one the adapter was written for"
+            )
+        current = vars(module)[self.function_name]
+        if not _is_function(current):
+            raise SpecError(
+                f"{label}: {self.module_path}.{self.function_name} is {current!r}, not a "
+                f"function; {type(self).__name__} replaces module-level functions only"
             )
         replacement = _resolve_replacement(self.replacement, label)
 

@@ -2,11 +2,20 @@
 
 Spec files store classes and callables by reference, never by value, and a reference
 is only ever imported where the caller allows it (see ``serialize.load``).
+
+NOTE [defined, not re-exported]: a reference names an object *defined* in its module.
+``resolve_defined`` checks the object found there by its own ``__module__`` and
+``__qualname__`` (so it is the object that module defines under that name, the same one
+``ref_of`` would write) and by kind (a function, a class). An allow-listed module that
+merely holds another module's object (``from os import system``, ``import os`` then
+``os.system``) lends out nothing: the allow-list vouches for the code a module defines,
+not for everything reachable from it.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
@@ -58,6 +67,41 @@ def import_attr(module: str, qualname: str, *, what: str = "object") -> Any:
 def resolve_ref(ref: str, *, what: str = "object") -> Any:
     module, qualname = split_ref(ref)
     return import_attr(module, qualname, what=what)
+
+
+# what each declared kind accepts (see NOTE [defined, not re-exported])
+_KINDS = {
+    "function": (inspect.isfunction, "a Python function (def at module level or in a class)"),
+    "class": (inspect.isclass, "a class"),
+}
+
+
+def resolve_defined(ref: str, *, kind: str, what: str = "object") -> Any:
+    """The object ``ref`` names, which must be defined in the module the reference names
+    and be of ``kind`` (``"function"`` or ``"class"``); see NOTE [defined, not
+    re-exported]."""
+    module, qualname = split_ref(ref)
+    obj = import_attr(module, qualname, what=what)
+    own_module = getattr(obj, "__module__", None)
+    own_qualname = getattr(obj, "__qualname__", None)
+    if (own_module, own_qualname) != (module, qualname):
+        defined = (
+            f"{own_module}:{own_qualname}"
+            if isinstance(own_module, str) and isinstance(own_qualname, str)
+            else "no module of its own"
+        )
+        raise SpecError(
+            f"{what} {module}:{qualname} is {obj!r}, which is defined at {defined}, not in "
+            f"{module}: a spec may name only objects defined in the module it names (a name "
+            "re-exported or reachable through another module is refused); name the object "
+            "where it is defined and allow-list that module if you trust it"
+        )
+    accepts, described = _KINDS[kind]
+    if not accepts(obj):
+        raise SpecError(
+            f"{what} {module}:{qualname} is {obj!r}, not {described}; a spec names {described} here"
+        )
+    return obj
 
 
 def ref_of(obj: Any, *, what: str = "object") -> str:

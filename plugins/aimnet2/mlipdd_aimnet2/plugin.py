@@ -51,8 +51,11 @@ def mlipdd_register_presets(register) -> None:
 
 @hookimpl
 def mlipdd_register_spec_modules(register) -> None:
-    # saved spec files may name the aimnet adapters' replacements (mlipdd_aimnet2.adapters:...)
-    register("mlipdd_aimnet2")
+    """What a saved SPEC_AIMNET2_* file names: the replacements (ours, in full) and the
+    aimnet modules they patch (targets only), so the presets save and load again."""
+    register("mlipdd_aimnet2.adapters")
+    register("aimnet.nbops", patch_only=True)
+    register("aimnet.modules.aev", patch_only=True)
 
 
 @hookimpl

@@ -48,8 +48,13 @@ def mlipdd_register_presets(register) -> None:
 
 @hookimpl
 def mlipdd_register_spec_modules(register) -> None:
-    # spec files may name the UMA adapters' replacements (mlipdd_uma.halo:..., ...graph_partition:...)
-    register("mlipdd_uma")
+    """What a saved UMA spec file names: the replacements (ours, in full) and the modules
+    they patch (targets only), so SPEC_UMA_HALO and the graph-partition spec load again."""
+    register("mlipdd_uma.halo")
+    register("mlipdd_uma.graph_partition")
+    register("mlipdd_uma.wrapper", patch_only=True)
+    for module in ("escn_md", "escn_md_block", "outputs"):
+        register(f"fairchem.core.models.uma.{module}", patch_only=True)
 
 
 @hookimpl

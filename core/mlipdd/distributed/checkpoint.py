@@ -17,12 +17,23 @@ The file is written by one process (rank 0) to a temporary name in the same fold
 synced, then renamed over the target, so a reader sees the old or the new checkpoint,
 never half of one. It holds tensors, numbers and strings only and loads with
 ``torch.load(weights_only=True)``.
+
+NOTE [checkpoint checksum]: torch's zip reader does not check the archive's CRCs, so a
+flipped bit in tensor data would load and run (positions moved, no complaint). Since
+format version 2 the file carries ``checksum = {"sha256": ...}``, a digest of everything
+else in it (`payload_digest`: keys, types, dtypes, shapes and tensor bytes, in a fixed
+order), written by `write_atomically` and verified by `load_checkpoint` before anything
+is used. Version-1 files (no checksum) still load, unverified. A file that is not a
+torch zip archive at all (random bytes, a trajectory) is "not an mlipdd checkpoint",
+one line, before torch is asked to read it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import pickle
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -36,7 +47,8 @@ from mlipdd.distributed.hooks import HookScope
 from mlipdd.dynamics.base import DynamicsStage
 
 FORMAT = "mlipdd-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: with a checksum (NOTE [checkpoint checksum]); 1 still loads
+CHECKSUM_KEY = "checksum"
 
 # node/system fields that are outputs or views, recomputed on restart
 _DERIVED_NODE = {"forces", "unwrapped_positions", "energies"}
@@ -182,8 +194,43 @@ def checkpoint_payload(full: Batch, dynamics, world_size: int = 1) -> dict[str, 
     }
 
 
+# ---- checksum (NOTE [checkpoint checksum]) --------------------------------------------------
+def _feed(digest, value) -> None:
+    """Feed ``value`` to ``digest`` unambiguously: a type tag, then a length-prefixed body."""
+
+    def chunk(tag: bytes, body: bytes | memoryview) -> None:
+        digest.update(tag + len(body).to_bytes(8, "little"))
+        digest.update(body)
+
+    if torch.is_tensor(value):
+        flat = value.detach().cpu().contiguous().reshape(-1)
+        chunk(b"T", f"{flat.dtype}{tuple(value.shape)}".encode())
+        chunk(b"B", memoryview(flat.view(torch.uint8).numpy()))
+    elif isinstance(value, dict):
+        chunk(b"D", str(len(value)).encode())
+        for key in sorted(value, key=lambda k: (type(k).__name__, repr(k))):
+            _feed(digest, key)
+            _feed(digest, value[key])
+    elif isinstance(value, (list, tuple)):
+        chunk(b"L", str(len(value)).encode())
+        for item in value:
+            _feed(digest, item)
+    else:  # None, bool, int, float (repr is exact), str, torch.dtype, ...
+        chunk(b"S", f"{type(value).__qualname__}:{value!r}".encode())
+
+
+def payload_digest(payload: dict) -> str:
+    """The sha256 (hex) of a checkpoint payload, its ``checksum`` entry excepted."""
+    digest = hashlib.sha256()
+    _feed(digest, {k: v for k, v in payload.items() if k != CHECKSUM_KEY})
+    return digest.hexdigest()
+
+
 def write_atomically(payload: dict, path: str | Path) -> Path:
     """torch.save to a temporary file beside ``path``, fsync, then rename over ``path``.
+
+    The file gets the payload's checksum (NOTE [checkpoint checksum]), computed here, so
+    whatever a caller put in the payload is covered.
 
     A write killed outright (SIGKILL, power loss) leaves its temporary file behind; the
     next successful write of the same checkpoint removes such leftovers
@@ -194,6 +241,7 @@ def write_atomically(payload: dict, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent)
     try:
+        payload = {**payload, CHECKSUM_KEY: {"sha256": payload_digest(payload)}}
         with os.fdopen(fd, "wb") as handle:
             torch.save(payload, handle)
             handle.flush()
@@ -249,24 +297,113 @@ def save_checkpoint(path: str | Path, full: Batch, dynamics, world_size: int = 1
     return write_atomically(checkpoint_payload(full, dynamics, world_size), path)
 
 
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
+_REQUIRED = {
+    "node": dict, "system": dict, "dynamics_class": str, "dynamics_state": dict, "world_size": int,
+}
+_WRITTEN_BY = "pass a file written by mlipdd (--checkpoint, save_checkpoint or a CheckpointWriter)"
+
+
+def _what_it_is(head: bytes) -> str:
+    if head.startswith(b"- of Ulm"):
+        return "an ASE trajectory"
+    if not head:
+        return "an empty file"
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError:
+        return "not a torch.save archive"
+    return "a text file"
+
+
+def _one_line(exc: BaseException, limit: int = 160) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _read(path: Path):
+    shown = repr(str(path))
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(64)
+    except OSError as exc:
+        raise InputError(
+            f"checkpoint {shown} cannot be read ({exc.strerror or exc}); check the path and permissions"
+        ) from None
+    if not head.startswith(_ZIP_MAGIC):
+        raise InputError(
+            f"{shown} is not an mlipdd checkpoint ({_what_it_is(head)}), so it cannot be read; "
+            f"{_WRITTEN_BY}"
+        )
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "weights only" in str(exc).lower():  # Python objects beyond tensors and plain data
+            raise InputError(
+                f"{shown} is not an mlipdd checkpoint (it holds Python objects, not only tensors, "
+                "numbers and strings; it was not unpickled, nothing in it ran), so it cannot be read; "
+                f"{_WRITTEN_BY}"
+            ) from None
+        raise _damaged(path, f"torch could not read it: {_one_line(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - a damaged archive: reported with the file name
+        why = f"torch could not read it: {type(exc).__name__}: {_one_line(exc)}"
+        raise _damaged(path, why) from None
+
+
+def _damaged(path: Path, why: str) -> InputError:
+    return InputError(
+        f"checkpoint {str(path)!r} is damaged ({why}); restart from an older checkpoint or a copy "
+        "of this one"
+    )
+
+
+def _verify(path: Path, data: dict) -> None:
+    """Check the version and the checksum (NOTE [checkpoint checksum]) before anything is used."""
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise _damaged(path, f"its format version is {version!r}")
+    if version > VERSION:
+        raise InputError(
+            f"checkpoint {str(path)!r} has format version {version}, newer than this mlipdd reads "
+            f"({VERSION}); upgrade mlipdd"
+        )
+    stored = data.get(CHECKSUM_KEY)
+    if stored is None:
+        if version >= 2:
+            raise _damaged(path, "it lacks the checksum every version-2 checkpoint carries")
+        return  # version 1: written before checksums, loads unverified
+    expected = stored.get("sha256") if isinstance(stored, dict) else None
+    if not isinstance(expected, str):
+        raise _damaged(path, f"its checksum entry is {stored!r}")
+    found = payload_digest(data)
+    if found != expected:
+        raise _damaged(
+            path,
+            f"its contents do not match the sha256 written with it ({expected[:12]}... written, "
+            f"{found[:12]}... now): bytes changed on disk or in transfer",
+        )
+
+
 def load_checkpoint(path: str | Path, device=None) -> Checkpoint:
+    """Read a checkpoint written by `save_checkpoint` / `write_atomically`.
+
+    Pickle-free (``weights_only=True``); the checksum is verified before anything is used
+    (NOTE [checkpoint checksum]). Every refusal is one `InputError` line naming the file.
+    """
     path = Path(path)
     if not path.is_file():
         raise InputError(f"checkpoint {str(path)!r} does not exist; check the path")
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - reported with the file name and the fix
-        raise InputError(
-            f"checkpoint {str(path)!r} cannot be read ({type(exc).__name__}: {exc}); it is not an "
-            "mlipdd checkpoint or it is damaged: use an older checkpoint"
-        ) from None
+    data = _read(path)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise InputError(f"{str(path)!r} is not an mlipdd checkpoint")
-    if int(data.get("version", 0)) > VERSION:
         raise InputError(
-            f"checkpoint {str(path)!r} has format version {data['version']}, newer than this "
-            f"mlipdd reads ({VERSION}); upgrade mlipdd"
+            f"{str(path)!r} is not an mlipdd checkpoint (no {FORMAT!r} format tag); {_WRITTEN_BY}"
         )
+    _verify(path, data)
+    for key, kind in _REQUIRED.items():
+        value = data.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            found = "missing" if key not in data else f"a {type(value).__name__}"
+            raise _damaged(path, f"its field {key!r} is {found}, not a {kind.__name__}")
     batch = Batch._from_dicts(data["node"], data["system"])
     if device is not None:
         batch = batch.to(device)

@@ -9,7 +9,9 @@ three opaque ops, declared here and nowhere else:
 * ``mlipdd_ewald_pme::mesh_potential``: no transform; its replicated mesh argument
   becomes this rank's copy (the core sums that argument's gradient over ranks);
 * ``nvalchemiops::spline_gather``: no transform; it reads the potential at every
-  ``[owned | ghost]`` row.
+  ``[owned | ghost]`` row;
+* ``mlipdd_ewald_pme::spline_spread`` / ``::spline_gather``: the plain-torch spline ops
+  (``PMEWrapper(spline="torch")``, no weight threshold), under the same rules.
 
 The ops are named by string, so building a spec imports neither Warp nor nvalchemiops.
 """
@@ -32,6 +34,13 @@ SPREAD_ADAPTER = OpAdapter(
 )
 POTENTIAL_ADAPTER = OpAdapter("mlipdd_ewald_pme::mesh_potential")
 GATHER_ADAPTER = OpAdapter("nvalchemiops::spline_gather")
+# the plain-torch spline ops (PMEWrapper(spline="torch"), no weight threshold): same rules
+TORCH_SPREAD_ADAPTER = OpAdapter(
+    "mlipdd_ewald_pme::spline_spread",
+    arg_transforms={0: SliceOwned(), 1: SliceOwned()},
+    output_transforms={0: AllReduceSum()},
+)
+TORCH_GATHER_ADAPTER = OpAdapter("mlipdd_ewald_pme::spline_gather")
 
 SPEC_EWALD_HALO = SPEC_MPNN_HALO.replace(name="ewald_halo")
 """Ewald summation: halo real space, structure factor reduced by the per-system sums."""
@@ -41,7 +50,8 @@ SPEC_DSF_HALO = SPEC_MPNN_HALO.replace(name="dsf_halo")
 
 SPEC_PME_HALO = SPEC_MPNN_HALO.replace(
     distribution=DistributionSpec(
-        HaloStoragePolicy(), custom_ops=(SPREAD_ADAPTER, POTENTIAL_ADAPTER, GATHER_ADAPTER)
+        HaloStoragePolicy(),
+        custom_ops=(SPREAD_ADAPTER, POTENTIAL_ADAPTER, GATHER_ADAPTER, TORCH_SPREAD_ADAPTER, TORCH_GATHER_ADAPTER),
     ),
     name="pme_halo",
 )

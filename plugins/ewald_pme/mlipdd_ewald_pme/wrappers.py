@@ -22,6 +22,7 @@ from mlipdd_ewald_pme import coulomb, ewald
 from mlipdd_ewald_pme.spec import SPEC_DSF_HALO, SPEC_EWALD_HALO, SPEC_PME_HALO
 
 CHARGES = "charges"
+WARP_SPLINE_FLOOR = 1e-7  # below this accuracy PMEWrapper spreads with the plain-torch spline ops
 
 
 def element_charge_table(element_charges: dict | None) -> torch.Tensor | None:
@@ -130,33 +131,45 @@ class EwaldWrapper(_Electrostatics):
 class PMEWrapper(_Electrostatics):
     """Smooth particle-mesh Ewald: erfc real space + B-spline mesh reciprocal space.
 
-    ``mesh_spacing=None`` sizes the mesh from the accuracy; a given spacing too coarse
-    for the accuracy is refused.
+    ``mesh_spacing=None`` sizes the mesh from the accuracy (NOTE [PME error estimate] in
+    pme.py); a given spacing too coarse for the accuracy is refused. ``spline="warp"``
+    spreads and gathers with nvalchemiops' kernels, which skip stencil weights below 1e-8
+    (a floor near 1e-7 eV/A RMS force); ``spline="torch"`` uses plain-torch ops without
+    that threshold (NOTE [spline floor]). The default picks Warp for ``accuracy >= 1e-7``
+    and torch below.
     """
 
     spec = SPEC_PME_HALO
 
     def __init__(self, cutoff: float = 10.0, accuracy: float = 1e-6, alpha: float | None = None,
-                 mesh_spacing: float | None = None, spline_order: int = 6, element_charges: dict | None = None):
+                 mesh_spacing: float | None = None, spline_order: int = 6, element_charges: dict | None = None,
+                 spline: str | None = None):
         super().__init__(cutoff, accuracy, alpha, element_charges)
         # registers the ops SPEC_PME_HALO names (a DD forward resolves them before running)
         from mlipdd_ewald_pme import pme  # noqa: F401
 
         if spline_order not in range(3, 7):
             raise InputError(f"spline_order must be 3..6 (the Warp kernels' range), got {spline_order}")
+        if spline is None:  # the Warp kernels' floor (NOTE [spline floor]) lies near 1e-7
+            spline = "warp" if accuracy >= WARP_SPLINE_FLOOR else "torch"
+        if spline not in ("warp", "torch"):
+            raise InputError(f"spline must be 'warp' (nvalchemiops' kernels) or 'torch' (no weight threshold), "
+                             f"got {spline!r}")
         self.mesh_spacing = mesh_spacing
         self.spline_order = int(spline_order)
+        self.spline = spline
 
     def mesh_dimensions(self, cell: torch.Tensor) -> list[tuple[int, int, int]]:
         from mlipdd_ewald_pme import pme
 
-        return [pme.mesh_dimensions(c, self.k_cutoff, self.spline_order, self.mesh_spacing) for c in cell]
+        return [pme.mesh_dimensions(c, self.k_cutoff, self.spline_order, self.mesh_spacing, self.alpha) for c in cell]
 
     def reciprocal(self, batch, positions, cell, charges):
         from mlipdd_ewald_pme import pme  # Warp, through nvalchemiops: only where PME is used
 
         dims = self.mesh_dimensions(batch.cell)
-        return pme.reciprocal_energies(batch, positions, cell, charges, self.alpha, self.spline_order, dims)
+        return pme.reciprocal_energies(batch, positions, cell, charges, self.alpha, self.spline_order, dims,
+                                       self.spline)
 
 
 class DSFWrapper(ModelWrapper):

@@ -4,7 +4,8 @@ images, a batch of two different triclinic cells with random non-neutral charges
 with vacuum (DSF), and a 2000-atom rattled rock salt with vacancies (PME). Pipelines run
 under DistributedPipelineModel: [MACE, PME], [MACE, QEq charges -> PME], [MACE, D3] and
 [MACE, PME, D3]; D3 alone on rattled MgO, whose Mg coordination numbers lie far past
-every D3 reference (the stable weights' fallback). One spawned launch per rank count
+every D3 reference (the stable weights' fallback); PME with the plain-torch spline ops.
+One spawned launch per rank count
 runs every case.
 """
 
@@ -36,6 +37,7 @@ EWALD = functools.partial(EwaldWrapper, cutoff=6.0, accuracy=1e-6)
 PME = functools.partial(PMEWrapper, cutoff=6.0, accuracy=1e-6)
 DSF = functools.partial(DSFWrapper, cutoff=7.0, alpha=0.25)
 D3 = functools.partial(D3Wrapper, cutoff=6.0)
+PME_TORCH = functools.partial(PMEWrapper, cutoff=6.0, accuracy=1e-6, spline="torch")
 
 
 def _cases():
@@ -47,7 +49,7 @@ def _cases():
     mgo = Batch.from_ase(d3_systems()["MgO(100) slab"].repeat((2, 2, 1)))
     mgo.system["pbc"][:] = True  # vacuum along z, periodic: ranks split a cell with a gap
     return [
-        (EWALD, small, True), (PME, small, True), (DSF, small, True),
+        (EWALD, small, True), (PME, small, True), (PME_TORCH, small, True), (DSF, small, True),
         (EWALD, pair, True), (PME, pair, True), (DSF, vacuum, True),
         (mace_pme_pipeline, small, True), (qeq_pme_pipeline, small, True),
         (mace_d3_pipeline, pair, True), (mace_pme_d3_pipeline, small, True),

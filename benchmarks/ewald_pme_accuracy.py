@@ -12,7 +12,7 @@ the total error of PME against a fully converged Coulomb sum (14 A real space, 1
 
 Pass criterion (exit code 1 if not met): on the four committed systems at accuracy
 1e-4 .. 1e-8, the RMS force error of PME against the converged Ewald is within 3x the
-requested accuracy (in eV/A); below 1e-7 the default spreads with the plain-torch spline
+requested accuracy (in eV/A); below 1e-6 the default spreads with the plain-torch spline
 ops. A second table shows the floor that nvalchemiops' spline kernels set (they skip
 stencil weights below 1e-8) by refining the mesh at accuracy 1e-9, Warp against torch.
 
@@ -140,8 +140,9 @@ def main():
         f"{'met' if not failures else 'NOT met: ' + ', '.join(r['system'] + ' ' + str(r['accuracy']) for r in failures)}.\n\n"
         "The default mesh aims at half of Ewald's k-space error at the same accuracy (charge-independent; "
         "both scale with k_e sum q^2 / sqrt(N V)). In eV/A that is about 1-2 x accuracy for unit charges at "
-        "solid or liquid density, and grows with <q^2> sqrt(N/V): MgO with +-2 charges sits near 10 x accuracy, "
-        "for Ewald as for PME (the meaning of `accuracy` is Ewald's, exp(-alpha^2 rc^2)).\n"
+        "solid or liquid density, and grows with <q^2> sqrt(N/V): for MgO with +-2 charges the Kolafa-Perram "
+        "estimate is 14 x accuracy, and the measured total error (real space included) 8-9 x, while its mesh "
+        "error stays at 0.7-2.2 x (the meaning of `accuracy` is Ewald's, exp(-alpha^2 rc^2)).\n"
     )
     if floor:
         from _common import markdown_table

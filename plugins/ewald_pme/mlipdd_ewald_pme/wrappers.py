@@ -22,7 +22,7 @@ from mlipdd_ewald_pme import coulomb, ewald
 from mlipdd_ewald_pme.spec import SPEC_DSF_HALO, SPEC_EWALD_HALO, SPEC_PME_HALO
 
 CHARGES = "charges"
-WARP_SPLINE_FLOOR = 1e-7  # below this accuracy PMEWrapper spreads with the plain-torch spline ops
+WARP_SPLINE_FLOOR = 1e-6  # below this accuracy PMEWrapper spreads with the plain-torch spline ops
 
 
 def element_charge_table(element_charges: dict | None) -> torch.Tensor | None:
@@ -135,7 +135,7 @@ class PMEWrapper(_Electrostatics):
     pme.py); a given spacing too coarse for the accuracy is refused. ``spline="warp"``
     spreads and gathers with nvalchemiops' kernels, which skip stencil weights below 1e-8
     (a floor near 1e-7 eV/A RMS force); ``spline="torch"`` uses plain-torch ops without
-    that threshold (NOTE [spline floor]). The default picks Warp for ``accuracy >= 1e-7``
+    that threshold (NOTE [spline floor]). The default picks Warp for ``accuracy >= 1e-6``
     and torch below.
     """
 
@@ -150,7 +150,7 @@ class PMEWrapper(_Electrostatics):
 
         if spline_order not in range(3, 7):
             raise InputError(f"spline_order must be 3..6 (the Warp kernels' range), got {spline_order}")
-        if spline is None:  # the Warp kernels' floor (NOTE [spline floor]) lies near 1e-7
+        if spline is None:  # the Warp kernels' floor (NOTE [spline floor]): ~1e-7 eV/A, more for large charges
             spline = "warp" if accuracy >= WARP_SPLINE_FLOOR else "torch"
         if spline not in ("warp", "torch"):
             raise InputError(f"spline must be 'warp' (nvalchemiops' kernels) or 'torch' (no weight threshold), "

@@ -92,7 +92,8 @@ def test_torch_spline_ops_go_past_the_warp_floor():
 def test_below_the_floor_the_default_uses_the_torch_ops_and_meets_the_accuracy():
     batch = SYSTEMS["NaCl"]()
     model = PMEWrapper(cutoff=CUTOFF, accuracy=1e-8)
-    assert model.spline == "torch" and PMEWrapper(accuracy=1e-7).spline == "warp"
+    assert model.spline == "torch" and PMEWrapper(accuracy=1e-7).spline == "torch"
+    assert PMEWrapper(accuracy=1e-6).spline == "warp"
     assert _mesh_error(model, batch) <= 3e-8
 
 

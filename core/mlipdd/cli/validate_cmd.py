@@ -33,9 +33,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add("--spec", metavar="FILE", help="start from this spec file instead of the model's own")
     add("--system", default=None, metavar="NAME",
         help="sample cell from mlipdd.testing.systems (cubic, triclinic, small_cell, slab, "
-             "two_systems); default: a small triclinic cell sized to the model's cutoff")
+             "two_systems); default: a long triclinic cell sized to the model's cutoff and the "
+             "world size, so that no rank sees every atom (a smaller cell is run with a warning)")
     add("--species", type=int, nargs="+", default=None, metavar="Z",
-        help="atomic numbers for the sample cell (default 18, argon)")
+        help="atomic numbers for the sample cell (default: the elements the model declares, two of "
+             "them in the default cell; else 18, argon)")
     add("--max-attempts", type=int, default=4, help="spec candidates to try (default 4)")
     add("--device", default=None, help="also check one rank on this device (e.g. cuda)")
     add("--save", metavar="PATH", help="write the working spec here (JSON) when validation passes")
@@ -43,15 +45,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def _sample(args):
-    if args.system is None and args.species is None:
-        return None  # trace_and_validate picks a cell sized to the model's cutoff
+def _samples(args, model) -> list:
+    """The named cell, or validation's default cells for the model (NOTE [conclusive
+    sample] in mlipdd.validate.coverage) with the species asked for."""
+    if args.system is None:
+        from mlipdd.validate.coverage import default_samples
+
+        return default_samples(model, args.world_size, species=args.species)
     from mlipdd.testing.systems import AWKWARD_CELLS
 
-    name = args.system or "triclinic"
-    if name not in AWKWARD_CELLS:
-        raise InputError(f"unknown --system {name!r}; use one of {sorted(AWKWARD_CELLS)}")
-    return AWKWARD_CELLS[name](species=tuple(args.species or (18,)))
+    if args.system not in AWKWARD_CELLS:
+        raise InputError(f"unknown --system {args.system!r}; use one of {sorted(AWKWARD_CELLS)}")
+    return [AWKWARD_CELLS[args.system](species=tuple(args.species or (18,)))]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,14 +68,17 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--world-size must be at least 1, got {args.world_size}")
     # a partial of a module-level function pickles, so each spawned rank can build the model
     factory = functools.partial(create_model, args.model, **parse_model_args(args.model_arg))
+    from mlipdd.testing.conformance import build_model
     from mlipdd.validate import rank_checks  # weights agree across ranks, skin edges ignored
 
-    args.species = args.species or rank_checks.model_species(factory())
+    model = build_model(factory)
+    args.species = args.species or rank_checks.model_species(model)
     spec = MLIPSpec.load(args.spec) if args.spec else None
-    report = trace_and_validate(factory, _sample(args), world_size=args.world_size, spec=spec,
+    samples = _samples(args, model)
+    report = trace_and_validate(factory, samples, world_size=args.world_size, spec=spec,
                                 max_attempts=args.max_attempts, device=args.device, strategy=args.strategy)
     print(report.summary())
-    checks = rank_checks.run_all(factory, _sample(args), max(2, args.world_size))
+    checks = rank_checks.run_all(factory, samples[0], max(2, args.world_size))
     if report.ok and args.save:
         report.spec.save(args.save)
         print(f"spec written to {args.save}")

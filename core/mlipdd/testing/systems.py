@@ -36,6 +36,14 @@ def triclinic(species=(18,), spacing=3.7, reps=6, seed=1) -> Batch:
     return Batch.from_data_list([_grid_system(cell, True, (reps,) * 3, species, seed)])
 
 
+def long_triclinic(species=(18,), spacing=3.7, reps=(12, 4, 4), rattle=0.1, seed=6) -> Batch:
+    """A triclinic cell long along its first vector (angles about 63, 72 and 75 degrees):
+    rank grids cut it across that vector only, into slabs narrower than the cell."""
+    la, lb, lc = (spacing * n for n in reps)
+    cell = torch.tensor([[la, 0.0, 0.0], [0.3 * lb, 0.95 * lb, 0.0], [0.25 * lc, 0.2 * lc, 0.95 * lc]])
+    return Batch.from_data_list([_grid_system(cell, True, reps, species, seed, rattle=rattle)])
+
+
 def small_cell(species=(18,), spacing=3.7, reps=2, seed=2) -> Batch:
     """A cell so small that every rank sees its own periodic images."""
     a = spacing * reps

@@ -8,9 +8,10 @@ recognised, and explains errors. ``report.ok`` -> ``report.spec.save(path)``; ot
 """
 
 from mlipdd.validate.autofix import AUTOFIX_RULES, describe_change
+from mlipdd.validate.coverage import RankView, default_sample
 from mlipdd.validate.op_trace import OpTrace
 from mlipdd.validate.report import Attempt, OutputDiff, ValidationReport
-from mlipdd.validate.runner import default_sample, trace_and_validate
+from mlipdd.validate.runner import trace_and_validate
 from mlipdd.validate.translate import translate
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "Attempt",
     "OpTrace",
     "OutputDiff",
+    "RankView",
     "ValidationReport",
     "default_sample",
     "describe_change",

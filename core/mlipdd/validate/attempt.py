@@ -2,17 +2,22 @@
 
 The worker reuses the conformance kit's `distributed_outputs` (partition from rank 0,
 one distributed forward) and adds the rank's handler firings, so the report can say
-which dispatch rules the run actually exercised.
+which dispatch rules the run actually exercised, what the rank's model could see of the
+system (NOTE [conclusive sample] in `mlipdd.validate.coverage`) and which ops on rows ran
+without a rule (`mlipdd.validate.rank_trace`).
 """
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import torch
 
 from mlipdd.testing.conformance import distributed_outputs, gather_by_id, relative_difference
 from mlipdd.testing.spawn import RankFailure, run_ranks
+from mlipdd.validate.coverage import RankView
+from mlipdd.validate.rank_trace import watched_model
 from mlipdd.validate.report import Attempt, OutputDiff
 from mlipdd.validate.translate import failure_line
 
@@ -21,14 +26,28 @@ COMPARED_OUTPUTS = ("energy", "forces", "stress")
 REPLICATED_OUTPUTS = ("energy", "stress")
 
 
-def validation_worker(rank, world_size, model_factory, batch, spec, config_kwargs, compute_stress):
-    """Spawned rank: one distributed forward, plus which dispatch handlers fired."""
+def validation_worker(rank, world_size, model_factory, samples, spec, config_kwargs, compute_stress):
+    """Spawned rank: one distributed forward per sample, each with which dispatch handlers
+    fired, what the model saw of the system and the ops on rows that ran without a rule."""
     from mlipdd.shard import registry
 
-    registry.reset_counts()
-    out = distributed_outputs(rank, world_size, model_factory, batch, config_kwargs, compute_stress, spec)
-    out["fired"] = dict(registry.FIRED)
-    return out
+    outs = []
+    for batch in samples:
+        registry.reset_counts()
+        traces = []
+        factory = functools.partial(watched_model, model_factory, traces)
+        out = distributed_outputs(rank, world_size, factory, batch, config_kwargs, compute_stress, spec)
+        out["fired"] = dict(registry.FIRED)
+        trace = traces[0]
+        out["view"] = {**trace.view, "owned": int(out["atom_ids"].shape[0])}
+        out["suspects"] = dict(trace.suspects)
+        outs.append(out)
+    return outs
+
+
+def rank_views(parts, total: int, holds_all: bool) -> list[RankView]:
+    return [RankView(rank=r, owned=p["view"]["owned"], seen=p["view"]["seen"], total=total, holds_all=holds_all)
+            for r, p in enumerate(parts)]
 
 
 def default_tolerances(dtype: torch.dtype) -> dict[str, float]:
@@ -49,41 +68,66 @@ def compare(name: str, value: torch.Tensor | None, reference: torch.Tensor, tole
     return OutputDiff(abs=abs_diff, rel=rel, tol=tol, ok=ok)
 
 
-def run_attempt(number, change, spec, model_factory, batch, reference, world_size, tolerances,
-                config_kwargs=None, timeout=300.0) -> Attempt:
+def run_attempt(number, change, spec, model_factory, samples, references, world_size, tolerances,
+                config_kwargs=None, timeout=300.0, holds_all: bool = False) -> Attempt:
+    """Every sample (the first is the one the report's outputs and the auto-fix rules
+    see; the others are the same cell in other positions, NOTE [conclusive sample]) on
+    ``world_size`` spawned ranks, in one launch. ``holds_all``: the strategy gives every
+    rank the whole system by design (graph partition); its coverage check is then on the
+    owned blocks."""
     attempt = Attempt(number=number, spec=spec, change=change)
-    compute_stress = "stress" in reference
+    compute_stress = "stress" in references[0]
     try:
-        parts = run_ranks(validation_worker, world_size, model_factory, batch, spec, config_kwargs or {},
-                          compute_stress, timeout=timeout)
+        per_rank = run_ranks(validation_worker, world_size, model_factory, samples, spec, config_kwargs or {},
+                             compute_stress, timeout=timeout)
     except RankFailure as failure:
         attempt.error = failure_line(failure)
         attempt.outputs = {"failures": failure.failures}
         return attempt
-    fired = Counter()
-    for part in parts:
-        fired.update(part["fired"])
+    fired, suspects = Counter(), Counter()
+    for index, (batch, reference) in enumerate(zip(samples, references)):
+        parts = [outs[index] for outs in per_rank]
+        for part in parts:
+            fired.update(part["fired"])
+            suspects.update(part["suspects"])
+        views = rank_views(parts, batch.num_atoms, holds_all)
+        attempt.views.append(views)
+        checked = _check_sample(parts, batch, reference, tolerances, compute_stress)
+        if isinstance(checked, str):
+            attempt.error = checked
+            return attempt
+        outputs, rank_outputs, diffs = checked
+        if index == 0:
+            attempt.outputs, attempt.rank_outputs, attempt.diffs = outputs, rank_outputs, diffs
+        else:  # another position of the cell: its first wrong output is the one reported
+            for name, diff in diffs.items():
+                if not diff.ok and attempt.diffs.get(name, diff).ok:
+                    attempt.diffs[name] = diff
     attempt.handlers_fired = dict(fired)
-    ids = torch.cat([p["atom_ids"] for p in parts])
-    if not torch.equal(ids.sort().values, batch.atom_ids.sort().values):
-        attempt.error = "atoms were lost or duplicated across ranks (a partition bug in mlipdd, not the model)"
-        return attempt
-    outputs = {"energy": parts[0]["energy"], "forces": gather_by_id(parts, "forces", batch.num_atoms)}
-    if compute_stress:
-        outputs["stress"] = parts[0]["stress"]
-    attempt.outputs = outputs
-    attempt.rank_outputs = [{k: p.get(k) for k in REPLICATED_OUTPUTS} for p in parts]
-    for name in COMPARED_OUTPUTS:
-        if name in reference:
-            attempt.diffs[name] = compare(name, outputs.get(name), reference[name], tolerances)
-    # a replicated output must agree across ranks too; rank 0's copy alone can look right
-    for name in REPLICATED_OUTPUTS:
-        if name in attempt.diffs and attempt.diffs[name].ok:
-            for part in attempt.rank_outputs[1:]:
-                other = compare(name, part.get(name), reference[name], tolerances)
-                if not other.ok:
-                    attempt.diffs[name] = other
-                    break
+    attempt.unruled_suspects = dict(suspects)
     attempt.ok = bool(attempt.diffs) and all(d.ok for d in attempt.diffs.values())
     return attempt
 
+
+def _check_sample(parts, batch, reference, tolerances, compute_stress):
+    """``(outputs, per-rank replicated outputs, diffs)`` of one sample, or an error line."""
+    ids = torch.cat([p["atom_ids"] for p in parts])
+    if not torch.equal(ids.sort().values, batch.atom_ids.sort().values):
+        return "atoms were lost or duplicated across ranks (a partition bug in mlipdd, not the model)"
+    outputs = {"energy": parts[0]["energy"], "forces": gather_by_id(parts, "forces", batch.num_atoms)}
+    if compute_stress:
+        outputs["stress"] = parts[0]["stress"]
+    rank_outputs = [{k: p.get(k) for k in REPLICATED_OUTPUTS} for p in parts]
+    diffs = {}
+    for name in COMPARED_OUTPUTS:
+        if name in reference:
+            diffs[name] = compare(name, outputs.get(name), reference[name], tolerances)
+    # a replicated output must agree across ranks too; rank 0's copy alone can look right
+    for name in REPLICATED_OUTPUTS:
+        if name in diffs and diffs[name].ok:
+            for part in rank_outputs[1:]:
+                other = compare(name, part.get(name), reference[name], tolerances)
+                if not other.ok:
+                    diffs[name] = other
+                    break
+    return outputs, rank_outputs, diffs

@@ -95,9 +95,9 @@ def run_all(factory: Callable, sample: Batch | None, world_size: int = 2) -> lis
     validation's default cell for the model."""
     model = factory()
     if sample is None:
-        from mlipdd.validate.runner import default_sample
+        from mlipdd.validate.coverage import default_sample
 
-        sample = default_sample(model)
+        sample = default_sample(model, world_size)
     checks = [check_identical_weights(factory, world_size), check_ignores_skin_edges(model, sample)]
     for check in checks:
         print(check.line())

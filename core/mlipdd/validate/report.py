@@ -35,6 +35,10 @@ class Attempt:
     diffs: dict[str, OutputDiff] = field(default_factory=dict)
     handlers_fired: dict[str, int] = field(default_factory=dict)
     error: str | None = None  # the failing rank's exception line, when a rank raised
+    # per sample, what each rank's model could read of it (NOTE [conclusive sample])
+    views: list = field(default_factory=list)
+    # ops on atom/edge rows that ran without a dispatch rule and are not row-local, all ranks
+    unruled_suspects: dict[str, int] = field(default_factory=dict)
     # raw material for the auto-fix rules (not shown in summaries)
     outputs: dict = field(default_factory=dict, repr=False)  # gathered distributed outputs
     rank_outputs: list = field(default_factory=list, repr=False)  # per-rank replicated outputs
@@ -68,6 +72,8 @@ class ValidationReport:
     strategy: str = "halo"  # the decomposition strategy the ranks ran
     diffs: dict[str, OutputDiff] = field(default_factory=dict)
     handlers_fired: dict[str, int] = field(default_factory=dict)
+    coverage: list = field(default_factory=list)  # per sample, a `RankView` per rank (last attempt)
+    warnings: list[str] = field(default_factory=list)  # e.g. a sample too small to be conclusive
     op_counts: Counter = field(default_factory=Counter, repr=False)
     opaque_ops: list[str] = field(default_factory=list)
     unhandled_aggregations: list[str] = field(default_factory=list)
@@ -80,6 +86,11 @@ class ValidationReport:
     @property
     def last(self) -> Attempt | None:
         return self.attempts[-1] if self.attempts else None
+
+    @property
+    def conclusive(self) -> bool:
+        """False when some rank saw every atom: a pass then proves less (NOTE [conclusive sample])."""
+        return not any(view.inconclusive for views in self.coverage for view in views)
 
     @property
     def fixes_applied(self) -> list[str]:
@@ -97,6 +108,7 @@ class ValidationReport:
             return "\n".join([*lines, f"Diagnosis: {self.diagnosis}", f"Next: {self.next_action}"])
         head = f"validation {status} in {n} {plural} on {self.world_size} ranks ({self.strategy} strategy)"
         lines = [head + (f" (spec {spec_name!r})" if spec_name else "")]
+        lines += [f"WARNING: {warning}" for warning in self.warnings]
         fixes = self.fixes_applied
         lines.append("auto-fix applied: none" if not fixes else "auto-fix applied:")
         lines += [f"  {fix}" for fix in fixes]
@@ -110,6 +122,16 @@ class ValidationReport:
         fired = ", ".join(f"{k}={v}" for k, v in sorted(self.handlers_fired.items())) or "none"
         lines.append(f"handlers fired (all ranks): {fired}")
         lines.append(f"opaque custom ops: {', '.join(self.opaque_ops) or 'none'}")
+        if self.coverage:
+            from mlipdd.validate.coverage import coverage_line
+
+            for index, views in enumerate(self.coverage):
+                where = "" if len(self.coverage) == 1 else f" (sample {index + 1} of {len(self.coverage)})"
+                lines.append(f"coverage{where}: {coverage_line(views)}")
+        suspects = self.last.unruled_suspects
+        if suspects and not self.ok:
+            listed = ", ".join(f"{op} x{count}" for op, count in suspects.items())
+            lines.append(f"ops on rows without a rule (all ranks): {listed}")
         lines += [f"note: {note}" for note in self.notes]
         if self.diagnosis:
             lines.append(f"Diagnosis: {self.diagnosis}")

@@ -18,10 +18,12 @@ import torch
 from mlipdd.data import InputError
 from mlipdd.validate.attempt import default_tolerances, run_attempt
 from mlipdd.validate.autofix import AUTOFIX_RULES, describe_change
+from mlipdd.validate.coverage import coverage_warning, default_samples
 from mlipdd.validate.cuda_check import cuda_check
 from mlipdd.validate.op_trace import OpTrace
+from mlipdd.validate.rank_trace import suspects_advice
 from mlipdd.validate.report import SAVE_HINT, ValidationReport
-from mlipdd.validate.strategies import strategy_name, strategy_preset
+from mlipdd.validate.strategies import WHOLE_SYSTEM_STRATEGIES, strategy_name, strategy_preset
 from mlipdd.validate.translate import (
     Context,
     model_frame,
@@ -29,19 +31,6 @@ from mlipdd.validate.translate import (
     origin_traceback,
     translate,
 )
-
-
-def default_sample(model):
-    """A small triclinic argon cell, dense enough that every atom has neighbours.
-
-    The spacing shrinks with short cutoffs (a unit-sigma LJ has cutoff 3) so the check
-    never passes trivially on an all-zero answer. A model without argon fails here with
-    its own unknown-element error, which the translator explains.
-    """
-    from mlipdd.testing.systems import triclinic
-
-    spacing = min(3.7, 0.6 * float(model.cutoff))
-    return triclinic(species=(18,), spacing=spacing, reps=5)
 
 
 def _as_wrapper(model):
@@ -91,7 +80,12 @@ def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: i
     """Check that ``model_factory()`` runs distributed exactly as single-process.
 
     ``strategy``: ``"halo"`` (default), ``"sharded"`` or ``"graph_partition"`` (or a
-    `StrategyKind`); the ranks run `DistributedModel` under it. ``model_factory`` must
+    `StrategyKind`); the ranks run `DistributedModel` under it. ``sample_batch=None``
+    picks a cell sized to the model's cutoff and ``world_size`` in which no rank sees every
+    atom, in as many positions as make every atom invisible to some rank in one of them
+    (`mlipdd.validate.coverage.default_samples`); a `Batch` (or a list of them, each
+    checked) in which some rank sees every atom is run too, with a warning in the report
+    that a pass there is not conclusive. ``model_factory`` must
     be picklable (a module-level function, or ``functools.partial`` of a class) because
     each spawned rank calls it. Returns a `ValidationReport`; when ``report.ok``,
     ``report.spec`` is ready for ``save``.
@@ -103,9 +97,13 @@ def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: i
         return _fail(report, exc, "strategy choice")
     try:
         model = _as_wrapper(model_factory())
-        batch = sample_batch if sample_batch is not None else default_sample(model)
+        if sample_batch is None:
+            samples = default_samples(model, world_size)
+        else:
+            samples = list(sample_batch) if isinstance(sample_batch, (list, tuple)) else [sample_batch]
     except Exception as exc:  # noqa: BLE001 - reported, not raised: the report is the answer
         return _fail(report, exc, "model factory")
+    batch = samples[0]
     report.tolerances = {**default_tolerances(batch.dtype), **(tolerances or {})}
     trace = OpTrace()
     try:
@@ -113,7 +111,11 @@ def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: i
             reference = model(batch.clone(), compute_stress=True)
     except Exception as exc:  # noqa: BLE001
         return _fail(report, exc, "single-process reference run")
-    report.reference = {k: v.detach() for k, v in reference.items() if torch.is_tensor(v)}
+    report.reference = _detached(reference)
+    try:  # the same cell in its other positions (NOTE [conclusive sample])
+        references = [report.reference] + [_detached(model(s.clone(), compute_stress=True)) for s in samples[1:]]
+    except Exception as exc:  # noqa: BLE001
+        return _fail(report, exc, "single-process reference run")
     report.op_counts = trace.counts
     report.unhandled_aggregations = trace.unhandled_aggregations()
     report.opaque_ops = trace.opaque_ops
@@ -133,20 +135,29 @@ def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: i
     except InputError as exc:
         return _fail(report, exc, "spec choice")
     report.notes.append(f"initial spec {candidate.name or '(unnamed)'!r} from {source}")
-    _attempt_loop(report, candidate, model_factory, batch, max_attempts, timeout)
+    if sample_batch is None:
+        where = f", run in {len(samples)} positions along the cut axis" if len(samples) > 1 else ""
+        report.notes.append(f"sample: the default long triclinic cell of {batch.num_atoms} atoms for cutoff "
+                            f"{model.cutoff:g} on {world_size} ranks{where}")
+    _attempt_loop(report, candidate, model_factory, samples, references, max_attempts, timeout)
     _conclude(report, max_attempts)
     if device is not None and str(device).startswith("cuda"):
         report.notes.append(cuda_check(model_factory, batch, report, timeout))
     return report
 
 
-def _attempt_loop(report, spec, model_factory, batch, max_attempts, timeout) -> None:
+def _detached(outputs: dict) -> dict:
+    return {k: v.detach() for k, v in outputs.items() if torch.is_tensor(v)}
+
+
+def _attempt_loop(report, spec, model_factory, samples, references, max_attempts, timeout) -> None:
     tried = {_spec_key(spec)}
     change = "initial spec"
     for number in range(1, max(1, max_attempts) + 1):
-        attempt = run_attempt(number, change, spec, model_factory, batch, report.reference,
+        attempt = run_attempt(number, change, spec, model_factory, samples, references,
                               report.world_size, report.tolerances,
-                              config_kwargs={"strategy": report.strategy}, timeout=timeout)
+                              config_kwargs={"strategy": report.strategy}, timeout=timeout,
+                              holds_all=report.strategy in WHOLE_SYSTEM_STRATEGIES)
         report.attempts.append(attempt)
         if attempt.ok:
             return
@@ -172,9 +183,16 @@ def _conclude(report: ValidationReport, max_attempts: int) -> None:
     report.diffs = last.diffs
     report.handlers_fired = last.handlers_fired
     report.ok = last.ok
+    report.coverage = last.views
+    warning = next((w for w in map(coverage_warning, last.views) if w), None)
+    if warning:
+        report.warnings.append(warning)
     if last.ok:
         report.spec = last.spec
         report.next_action = SAVE_HINT
+        if warning:
+            report.next_action += ("; but the sample was too small to prove the model exact: validate "
+                                   "again on the default sample (sample_batch=None) or a larger cell")
         if len(report.attempts) > 1:
             first = report.attempts[0]
             report.diagnosis = (f"the initial spec {first.spec_name!r} did not pass ({first.outcome}); "
@@ -199,6 +217,8 @@ def _conclude(report: ValidationReport, max_attempts: int) -> None:
         report.next_action = ("check each OpAdapter's transforms: arguments with owned rows need "
                               "GatherInputs(), per-atom partial outputs ScatterOutputs(), per-rank "
                               "partial sums AllReduceSum()")
+    elif last.unruled_suspects:
+        report.diagnosis, report.next_action = suspects_advice(wrong, last.unruled_suspects)
     elif report.unhandled_aggregations:
         ops = ", ".join(report.unhandled_aggregations)
         report.diagnosis = f"wrong {wrong}; the model accumulates rows with {ops}, which has no {report.strategy} rule"

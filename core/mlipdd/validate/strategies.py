@@ -16,6 +16,10 @@ STRATEGY_PRESETS = {
     "graph_partition": ("SPEC_MPNN_GP", SPEC_MPNN_GP),
 }
 
+# strategies that give every rank the whole system by design: their validation checks that
+# each rank owns a strict part of it instead of counting what it sees
+WHOLE_SYSTEM_STRATEGIES = frozenset({"graph_partition"})
+
 
 def strategy_name(strategy) -> str:
     """``StrategyKind.SHARDED`` or ``"sharded"`` -> ``"sharded"``; a name no strategy is

@@ -35,7 +35,7 @@ SPACING_PER_CUTOFF = 0.6
 RATTLE_PER_SPACING = 0.05  # displacement scale of the rattled grid, as a fraction of the spacing
 CROSS_SECTION = 4  # grid points along the two axes the rank grid leaves whole
 MAX_REPEATS = 400
-MAX_POSITIONS = 4  # positions of the cell along the cut axis, at most
+MAX_POSITIONS = 3  # positions of the cell along the cut axis, at most
 
 
 @dataclass(frozen=True)
@@ -145,15 +145,6 @@ def shifted(batch: Batch, axis: int, fraction: float) -> Batch:
     return moved
 
 
-def out_of_sight_everywhere(samples: list[Batch], grid, width: float) -> bool:
-    """Whether every atom is outside some rank's sight in at least one of ``samples``
-    (the same atoms in other positions)."""
-    hidden = torch.zeros(samples[0].num_atoms, dtype=torch.bool)
-    for sample in samples:
-        hidden |= ~sighted(sample, grid, width).all(dim=0)
-    return bool(hidden.all())
-
-
 def default_samples(model, world_size: int = 2, species=None, seed: int = 6) -> list[Batch]:
     """The default validation sample (NOTE [conclusive sample]) and the same cell in
     other positions along the cut axis: the fewest atom-forwards for which no rank sees
@@ -191,13 +182,18 @@ def default_samples(model, world_size: int = 2, species=None, seed: int = 6) -> 
         gap, axis = unseen_width(batch.cell, grid.dims, width)
         if gap < cutoff:
             continue
+        hidden = {}  # shift -> atoms some rank cannot see with the cell shifted so
         for copies in range(1, MAX_POSITIONS + 1):
-            step = 1.0 / (copies * grid.dims[axis])  # a shift by 1 / g maps the cut planes onto themselves
-            samples = [batch] + [shifted(batch, axis, j * step) for j in range(1, copies)]
-            if out_of_sight_everywhere(samples, grid, width):
-                cost = batch.num_atoms * copies
-                if best is None or cost < best[0]:
-                    best = (cost, samples)
+            if best is not None and batch.num_atoms * copies >= best[0]:
+                break
+            # a shift by 1 / g maps the cut planes onto themselves: spread the positions below it
+            shifts = [j / (copies * grid.dims[axis]) for j in range(copies)]
+            for shift in shifts:
+                if shift not in hidden:
+                    moved = shifted(batch, axis, shift) if shift else batch
+                    hidden[shift] = (moved, ~sighted(moved, grid, width).all(dim=0))
+            if bool(torch.stack([hidden[shift][1] for shift in shifts]).any(dim=0).all()):
+                best = (batch.num_atoms * copies, [hidden[shift][0] for shift in shifts])
                 break
     if best is None:
         raise RuntimeError(f"no default validation sample for cutoff {cutoff} on {world_size} ranks")

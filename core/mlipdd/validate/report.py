@@ -125,9 +125,12 @@ class ValidationReport:
         if self.coverage:
             from mlipdd.validate.coverage import coverage_line
 
-            for index, views in enumerate(self.coverage):
-                where = "" if len(self.coverage) == 1 else f" (sample {index + 1} of {len(self.coverage)})"
-                lines.append(f"coverage{where}: {coverage_line(views)}")
+            texts = [coverage_line(views) for views in self.coverage]
+            if len(set(texts)) == 1:
+                where = f" (each of {len(texts)} samples)" if len(texts) > 1 else ""
+                lines.append(f"coverage{where}: {texts[0]}")
+            else:
+                lines += [f"coverage (sample {i + 1} of {len(texts)}): {text}" for i, text in enumerate(texts)]
         suspects = self.last.unruled_suspects
         if suspects and not self.ok:
             listed = ", ".join(f"{op} x{count}" for op, count in suspects.items())

@@ -136,7 +136,8 @@ def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: i
         return _fail(report, exc, "spec choice")
     report.notes.append(f"initial spec {candidate.name or '(unnamed)'!r} from {source}")
     if sample_batch is None:
-        where = f", run in {len(samples)} positions along the cut axis" if len(samples) > 1 else ""
+        where = (f", run in {len(samples)} positions along the cut axis (each atom out of some rank's sight "
+                 "in one)") if len(samples) > 1 else ""
         report.notes.append(f"sample: the default long triclinic cell of {batch.num_atoms} atoms for cutoff "
                             f"{model.cutoff:g} on {world_size} ranks{where}")
     _attempt_loop(report, candidate, model_factory, samples, references, max_attempts, timeout)

@@ -300,6 +300,7 @@ def test_a_wrong_model_on_a_too_small_sample_is_not_passed_as_exact(name):
         assert not report.conclusive
         assert report.warnings and report.warnings[0].startswith("sample too small: rank")
         assert "a wrong model can pass" in report.summary()
+        assert report.summary().splitlines()[0].endswith("not conclusive, see the warning")
         assert "sample was too small" in report.next_action
     covering = [v for views in report.coverage for v in views if v.seen == v.total]
     assert covering or report.last.error, report.summary()

@@ -167,11 +167,16 @@ class RankOpTrace(TorchFunctionMode):
             if all(self._rows(t) is not None for t in outputs):
                 return
             if name in _INDEX_READS:
-                if any(t.dtype == torch.bool for t in _tensors((args[1:], kwargs))):
+                index = list(_tensors((args[1:], kwargs)))
+                if any(t.dtype == torch.bool for t in index):
                     _mark(outputs, f"{rows} rows filtered by a mask")  # README rule 2 allows it
+                elif not index:
+                    self.suspects[f"{name} ({rows} rows picked by their position: other atoms on each rank)"] += 1
                 elif rows == "edge":
                     self.suspects[f"{name} (edge rows read by an index of another length: pairs of edges)"] += 1
                     _mark(outputs, "pairs of edge rows")
+                else:
+                    _mark(outputs, f"{rows} rows read by an index of another length")
                 return
         else:  # only inputs derived from rows by a call that no rule took
             derived = [t for t in inputs if hasattr(t, _FROM)]
@@ -259,6 +264,8 @@ def idiom_of(suspect: str) -> str | None:
     name, _, why = suspect.partition(" (")
     if suspect.startswith("torch."):
         name = suspect
+    elif name in _INDEX_READS and "picked by their position" in why:
+        return "a row picked by its place (x[0], x[:k]) is a different atom on each rank"
     elif name in _INDEX_READS and "pairs of edges" not in why:
         return None  # a read of something already derived: its origin is named already
     for names, idiom in _IDIOMS:

@@ -107,7 +107,8 @@ class ValidationReport:
             lines += [f"note: {note}" for note in self.notes]
             return "\n".join([*lines, f"Diagnosis: {self.diagnosis}", f"Next: {self.next_action}"])
         head = f"validation {status} in {n} {plural} on {self.world_size} ranks ({self.strategy} strategy)"
-        lines = [head + (f" (spec {spec_name!r})" if spec_name else "")]
+        head += f" (spec {spec_name!r})" if spec_name else ""
+        lines = [head + (": not conclusive, see the warning" if self.ok and not self.conclusive else "")]
         lines += [f"WARNING: {warning}" for warning in self.warnings]
         fixes = self.fixes_applied
         lines.append("auto-fix applied: none" if not fixes else "auto-fix applied:")
@@ -142,10 +143,11 @@ class ValidationReport:
         return "\n".join(lines)
 
     def log_summary(self, logger: logging.Logger | None = None, level: int | None = None) -> str:
-        """Log the summary (INFO when ok, WARNING otherwise) and return it."""
+        """Log the summary (INFO when ok on a conclusive sample, WARNING otherwise) and return it."""
         text = self.summary()
         logger = logger or logging.getLogger("mlipdd.validate")
-        logger.log(level if level is not None else (logging.INFO if self.ok else logging.WARNING), text)
+        fine = self.ok and self.conclusive
+        logger.log(level if level is not None else (logging.INFO if fine else logging.WARNING), text)
         return text
 
     def __str__(self) -> str:

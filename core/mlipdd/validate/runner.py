@@ -99,6 +99,8 @@ def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: i
         model = _as_wrapper(model_factory())
         if sample_batch is None:
             samples = default_samples(model, world_size)
+            if report.strategy in WHOLE_SYSTEM_STRATEGIES:  # every rank sees it all anyway
+                samples = samples[:1]
         else:
             samples = list(sample_batch) if isinstance(sample_batch, (list, tuple)) else [sample_batch]
     except Exception as exc:  # noqa: BLE001 - reported, not raised: the report is the answer

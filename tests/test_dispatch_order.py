@@ -22,18 +22,17 @@ from mlipdd.shard import (
     Halo,
     Layout,
     Replicated,
+    Rows,
     Sharded,
     ShardMeta,
     ShardTensor,
+    placement_of,
     registry,
     rules_in_order,
 )
 
 PINNED = [
     "op_adapter",
-    "stack_rows",
-    "unstack_rows",
-    "stacked_as_rows",
     "index_put_as_index_add",
     "scatter_mean_as_sums",
     "index_reduce_refused",
@@ -140,24 +139,24 @@ def test_replicated_values_meet_rows_through_the_row_boundary_in_every_layout():
 
 
 @pytest.mark.parametrize("layout", [Halo(), Sharded()])
-def test_a_stack_of_rows_is_not_rows_along_its_new_dim(layout):
-    """NOTE [stacked rows]: stacking as many row tensors as a rank has rows must not make
-    the sum over the stack a sum over atoms (an all_reduce only that rank would issue)."""
+def test_a_stack_of_rows_keeps_its_rows_along_the_new_dim(layout):
+    """NOTE [placements]: stacking as many row tensors as a rank has rows must not make the
+    sum over the stack a sum over atoms (an all_reduce only that rank would issue): the
+    stack's rows are along dim 1, whatever its dim 0 counts."""
     meta = meta_for(layout)
     stack = [node_rows(meta)[:, 0] + i for i in range(meta.n_padded)]  # dim 0 == the row count
-    assert rule_of(torch.stack, stack) == "stack_rows"
     stacked = torch.stack(stack)
-    assert stacked.shape[0] == meta.n_padded and not stacked.meta.layout.rows_lead()
-    assert rule_of(torch.Tensor.sum, stacked) == "unstack_rows"  # then the rows' sum rule
+    assert stacked.shape[0] == meta.n_padded and placement_of(stacked) == Rows("atoms", dim=1)
+    assert rule_of(torch.Tensor.sum, stacked, 0) is None  # along the stack: no collective
     for total in (torch.sum(stacked, dim=0), stacked.sum(0), stacked.mean(dim=0)):
-        assert total.meta == meta  # rows again (no collective: this test runs without a group)
+        assert placement_of(total) == Rows("atoms")  # rows again (this test runs without a group)
     assert torch.equal(torch.sum(stacked, dim=0), sum(stack))
-    assert stacked[1].meta == meta and torch.unbind(stacked)[0].meta == meta
-    assert rule_of(torch.stack, stack, 1) is None  # along dim 1 the rows stay in front
-    # any other op sees rows of the source layout again, as if never marked
+    assert placement_of(stacked[1]) == Rows("atoms") and placement_of(torch.unbind(stacked)[0]) == Rows("atoms")
+    assert placement_of(torch.stack(stack, 1)) == Rows("atoms")  # along dim 1 the rows stay in front
     moved = stacked.transpose(0, 1)
-    assert moved.meta == meta and rule_of(torch.Tensor.sum, moved) in ("global_sum", "sharded_global_sum")
-    assert (stacked * 2).meta == meta
+    assert placement_of(moved) == Rows("atoms") and rule_of(torch.Tensor.sum, moved) in ("global_sum",
+                                                                                       "sharded_global_sum")
+    assert placement_of(stacked * 2) == Rows("atoms", dim=1)
 
 
 def test_a_rule_states_its_place_or_is_refused():
@@ -222,4 +221,4 @@ def test_shard_modules_import_without_a_cycle_and_nothing_on_the_hot_path():
     for module in graph:
         visit(module, [module])
     assert not _shard_imports(SHARD / "tensor.py")[1], "tensor.py imports inside a function"
-    assert graph["tensor"] <= {"registry", "exchange", "layouts"}
+    assert graph["tensor"] <= {"registry", "exchange", "layouts", "placement", "propagation"}

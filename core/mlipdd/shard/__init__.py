@@ -8,7 +8,6 @@ from mlipdd.shard import replicated as _replicated  # noqa: F401
 from mlipdd.shard import row_reductions as _row_reductions  # noqa: F401
 from mlipdd.shard import scatter_spellings as _scatter_spellings  # noqa: F401
 from mlipdd.shard import sharded_handlers as _sharded_handlers  # noqa: F401
-from mlipdd.shard import stacked as _stacked  # noqa: F401
 from mlipdd.shard.exchange import (
     ExchangePlan,
     all_reduce_sum,
@@ -19,8 +18,17 @@ from mlipdd.shard.exchange import (
     pad,
 )
 from mlipdd.shard.layouts import GraphPartition, Halo, Layout, Replicated, Sharded
+from mlipdd.shard.placement import Opaque, Rows, placement_of
+from mlipdd.shard.propagation import NoRuleError, declare_row_local
 from mlipdd.shard.registry import ANY_OP, FIRED, PRECEDENCE, register, rules_in_order
-from mlipdd.shard.tensor import DroppedScatterResultError, ShardMeta, ShardTensor, local
+from mlipdd.shard.tensor import (
+    DroppedScatterResultError,
+    ShardMeta,
+    ShardTensor,
+    as_atom_rows,
+    as_edge_rows,
+    local,
+)
 
 __all__ = [
     "ANY_OP",
@@ -31,17 +39,24 @@ __all__ = [
     "GraphPartition",
     "Halo",
     "Layout",
+    "NoRuleError",
+    "Opaque",
     "Replicated",
+    "Rows",
     "ShardMeta",
     "ShardTensor",
     "Sharded",
     "all_reduce_sum",
     "all_to_all_rows",
+    "as_atom_rows",
+    "as_edge_rows",
+    "declare_row_local",
     "halo_accumulate",
     "halo_correct",
     "halo_fill",
     "local",
     "pad",
+    "placement_of",
     "register",
     "rules_in_order",
 ]

@@ -8,12 +8,14 @@ Each handler receives ``(func, meta, args, kwargs)`` and computes on plain tenso
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from mlipdd.shard.exchange import all_reduce_sum, halo_correct
 from mlipdd.shard.layouts import Halo
+from mlipdd.shard.placement import ATOMS, EDGES, Opaque, Rows, describe, placement_of, rows_kind
+from mlipdd.shard.propagation import NoRuleError, op_name
 from mlipdd.shard.registry import register
 from mlipdd.shard.replicated import replicated
 from mlipdd.shard.tensor import ShardMeta, ShardTensor, local, poison
@@ -99,14 +101,26 @@ def _target_rows(args, kwargs) -> tuple[int, int]:
     return dim, target.shape[dim]
 
 
+def _index_of(args, kwargs):
+    return args[2] if len(args) > 2 else kwargs.get("index")
+
+
+def by_system_index(args, kwargs) -> bool:
+    """The scatter's index holds system numbers (``batch.batch``): a per-system reduction,
+    whatever the row counts (a rank may hold as many atoms as there are systems)."""
+    place = placement_of(_index_of(args, kwargs))
+    return place is not None and place.values == "systems"
+
+
 def _is_node_scatter(func, meta: ShardMeta, args, kwargs) -> bool:
     dim, rows = _target_rows(args, kwargs)
-    return dim == 0 and rows == meta.n_padded and meta.layout.correct_scatters
+    return (dim == 0 and rows == meta.n_padded and meta.layout.correct_scatters
+            and not by_system_index(args, kwargs))
 
 
 def _is_system_scatter(func, meta: ShardMeta, args, kwargs) -> bool:
     dim, rows = _target_rows(args, kwargs)
-    return dim == 0 and rows == meta.n_systems and meta.system_reductions
+    return dim == 0 and (rows == meta.n_systems or by_system_index(args, kwargs)) and meta.system_reductions
 
 
 def _finish(call: ScatterCall, result: torch.Tensor) -> torch.Tensor:
@@ -120,21 +134,33 @@ def halo_scatter(func, meta: ShardMeta, args, kwargs):
     """Scatter into ``[owned | ghost]`` rows: local partials, then reverse + forward exchange."""
     call = _parse(func, args, kwargs)
     base = local(call.target)
-    contribution = call.scatter_into(torch.zeros_like(base), local(call.index), local(call.src))
+    rows = _counted_rows(meta, call.src, call.name)  # a ghost row's value is its owner's: counted there
+    contribution = call.scatter_into(torch.zeros_like(base), local(call.index)[rows], local(call.src)[rows])
     out = base + halo_correct(contribution, meta.plan)
     return _finish(call, ShardTensor.wrap(out, meta))
 
 
-def _counted_rows(meta: ShardMeta, rows: int, what: str) -> slice:
-    kind = meta.row_kind(rows)
+def refuse_opaque_source(call: ScatterCall, meta: ShardMeta) -> None:
+    """A scatter whose source rows no rule can count (NOTE [placements]) is refused."""
+    place = placement_of(call.src)
+    if place is not None and place.is_opaque():
+        _counted_rows(meta, call.src, call.name)
+
+
+def _counted_rows(meta: ShardMeta, t, what: str) -> slice:
+    """The rows of ``t`` that count towards a sum over all ranks: owned atoms (a ghost row
+    mirrors an atom counted on its owner's rank), or every edge (each on one rank)."""
+    kind = rows_kind(t, meta)
     if kind == "node":
-        return slice(0, meta.n_owned)  # ghost rows mirror other ranks' atoms
+        return slice(0, meta.n_owned)
     if kind == "edge":
-        return slice(0, rows)  # every edge lives on exactly one rank
-    raise RuntimeError(
-        f"{what}: cannot tell whether the {rows} rows are atoms ({meta.n_padded} here) or edges "
-        f"({meta.n_edges} here); reduce a per-atom or per-edge tensor, or declare the op in the "
-        "model's spec"
+        return slice(0, t.shape[0])
+    place = placement_of(t)
+    raise NoRuleError(
+        f"{what} over {describe(place) if place is not None else f'{t.shape[0]} plain rows'}: they are neither "
+        f"this rank's atoms ({meta.n_padded} rows here) nor its edges ({meta.n_edges}), so which of them "
+        "count towards the total over ranks is unknown; reduce a per-atom or per-edge tensor (NOTE "
+        "[placements] in mlipdd.shard.placement)"
     )
 
 
@@ -143,7 +169,7 @@ def per_system_reduce(func, meta: ShardMeta, args, kwargs):
     """Scatter into one slot per system: owned rows locally, then all_reduce (replicated)."""
     call = _parse(func, args, kwargs)
     src, index = local(call.src), local(call.index)
-    rows = _counted_rows(meta, src.shape[0], call.name)
+    rows = _counted_rows(meta, call.src, call.name)
     base = local(call.target)
     partial = call.scatter_into(torch.zeros_like(base), index[rows], src[rows])
     return _finish(call, replicated(base + all_reduce_sum(partial, meta.group), meta))
@@ -163,14 +189,14 @@ def _is_row_sum(func, meta: ShardMeta, args, kwargs) -> bool:
     if not isinstance(x, ShardTensor) or x.dim() == 0 or not meta.system_reductions:
         return False
     dims = _sum_dims(args, kwargs)
-    return (dims is None or 0 in dims) and meta.row_kind(x.shape[0]) != "other"
+    return (dims is None or 0 in dims) and rows_kind(x, meta) != "other"
 
 
 @register(Halo, torch.Tensor.sum, torch.sum, predicate=_is_row_sum, name="global_sum")
 def global_sum(func, meta: ShardMeta, args, kwargs):
     """A sum over atoms or edges: counted rows locally, then all_reduce (replicated)."""
+    rows = _counted_rows(meta, args[0], "sum")
     x = local(args[0])
-    rows = _counted_rows(meta, x.shape[0], "sum")
     rest = {k: v for k, v in kwargs.items() if k != "input"}
     with torch._C.DisableTorchFunctionSubclass():
         partial = torch.sum(x[rows], *args[1:], **rest)
@@ -183,15 +209,55 @@ def global_sum(func, meta: ShardMeta, args, kwargs):
     return replicated(all_reduce_sum(partial, meta.group), meta)
 
 
+def _read_index(func, args, kwargs):
+    """The integer index of a read along dim 0 (``x[idx]``, ``x[idx, ...]``, index_select(0, idx))."""
+    if func is torch.Tensor.__getitem__:
+        item = args[1][0] if isinstance(args[1], tuple) and args[1] else args[1]
+        return item if isinstance(item, torch.Tensor) and item.dim() > 0 and item.dtype != torch.bool else None
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    return _index_of(args, kwargs) if dim == 0 else None
+
+
 def _is_halo_read(func, meta: ShardMeta, args, kwargs) -> bool:
     x = args[0] if args else None
-    return isinstance(x, ShardTensor) and x.dim() > 0 and x.shape[0] == meta.n_padded
+    return (isinstance(x, ShardTensor) and x.dim() > 0 and rows_kind(x, meta) == "node"
+            and _read_index(func, args, kwargs) is not None)
 
 
 @register(Halo, torch.Tensor.index_select, torch.index_select, torch.Tensor.__getitem__,
           predicate=_is_halo_read, name="halo_read")
 def halo_read(func, meta: ShardMeta, args, kwargs):
-    """Reading atom rows: ghost rows are kept current by the scatters, so this stays local."""
+    """Reading atom rows by index: ghost rows are kept current by the scatters, so this
+    stays local. Rows read by a padded table of neighbours (an index of ``n_atoms x k``)
+    are the atoms' own, with ghost rows that are not (NOTE [placements])."""
+    x, index = args[0], _read_index(func, args, kwargs)
+    if placement_of(x).stale:
+        raise NoRuleError(
+            f"`{op_name(func)}` reads {describe(placement_of(x))} by index: a ghost row here holds a value "
+            "computed on this rank from its few local neighbours, not its owner's. Refresh the ghost rows "
+            "first with `x = mlipdd.shard.refresh_ghosts(x)` (a halo exchange; a no-op on one process), or "
+            "run the model with sharded storage (DomainConfig(strategy='sharded'))."
+        )
     with torch._C.DisableTorchFunctionSubclass():
         out = func(*args, **kwargs)
-    return ShardTensor.wrap(out, meta) if isinstance(out, torch.Tensor) else out
+    if not isinstance(out, torch.Tensor):
+        return out
+    return ShardTensor.wrap(out, meta, read_placement(x, index, meta, padded_table=Rows("atoms", stale=True)))
+
+
+def read_placement(x, index, meta: ShardMeta, padded_table):
+    """The rows of ``x[index]``: those of the index (a per-edge index reads edge rows),
+    carrying what ``x``'s values mean (a system index read per edge is still one). A
+    2-D index with a row per atom is a padded table of neighbours: ``padded_table``."""
+    values = placement_of(x).values
+    place = placement_of(index)
+    if index.dim() > 1 and index.shape[0] == meta.n_padded and (place is None or place.is_opaque()):
+        return padded_table
+    if place is None:  # a plain index: by its row count
+        kind = rows_kind(index, meta)
+        place = {"node": ATOMS, "edge": EDGES}.get(kind)
+        if place is None:
+            return Opaque("atom rows read by a plain index that is neither per atom nor per edge", 0)
+    if place.dim != 0:
+        return Opaque("atom rows read by an index whose rows are not along its dim 0", None)
+    return replace(place, values=values)

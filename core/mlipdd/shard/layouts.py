@@ -11,8 +11,6 @@ A `ShardMeta` carries one layout; the dispatch picks its rules by the layout's t
   ``source`` is the row layout it was reduced from.
 * `GraphPartition`: every rank holds every row, and owns a block of them (graph
   partition strategy; the model calls `mlipdd.shard.graph_parallel` itself).
-* `Stacked`: rows of ``source`` along dim 1, under a new leading dim (``torch.stack``
-  of row tensors: mace stacks its per-layer readouts), so dim 0 is not rows.
 
 # NOTE [layouts are not policies]
 A storage policy (`mlipdd.spec.policies`) is what a model's spec asks for, in words a
@@ -26,7 +24,7 @@ from dataclasses import dataclass
 
 from mlipdd.shard.exchange import ExchangePlan
 
-__all__ = ["HALO", "GraphPartition", "Halo", "Layout", "Replicated", "Sharded", "Stacked", "layout_for"]
+__all__ = ["HALO", "GraphPartition", "Halo", "Layout", "Replicated", "Sharded", "layout_for"]
 
 
 @dataclass(frozen=True)
@@ -45,9 +43,12 @@ class Layout:
     def is_graph_partition(self) -> bool:
         return False
 
-    def rows_lead(self) -> bool:
-        """Whether dim 0 of a tensor in this layout is rows (atoms or edges)."""
-        return True
+    def is_checked(self) -> bool:
+        """Whether an op on rows of this layout without a rule is refused (NOTE [refuse by
+        default] in `mlipdd.shard.propagation`). Graph partition holds every row on every
+        rank and the model reduces through its own helpers; a spec whose policy switches
+        an exchange off declares the ops it covers local (validation tries such specs)."""
+        return False
 
     def node_rows(self, plan: ExchangePlan) -> int:
         """Rows of a per-atom tensor in this layout (-1: it has none)."""
@@ -74,6 +75,9 @@ class Halo(Layout):
     def is_halo(self) -> bool:
         return True
 
+    def is_checked(self) -> bool:
+        return self.correct_scatters and self.reduce_systems
+
     def node_rows(self, plan: ExchangePlan) -> int:
         return plan.n_padded
 
@@ -98,6 +102,9 @@ class Sharded(Layout):
     def is_sharded(self) -> bool:
         return True
 
+    def is_checked(self) -> bool:
+        return self.route_gathers and self.route_scatters and self.reduce_systems
+
     @property
     def system_reductions(self) -> bool:
         return self.reduce_systems
@@ -111,20 +118,6 @@ class Replicated(Layout):
 
     def is_replicated(self) -> bool:
         return True
-
-    def node_rows(self, plan: ExchangePlan) -> int:
-        return -1
-
-
-@dataclass(frozen=True)
-class Stacked(Layout):
-    """A stack of row tensors of ``source`` along a new dim 0 (NOTE [stacked rows] in
-    `mlipdd.shard.stacked`): dim 0 counts the stacked tensors, whatever its size."""
-
-    source: Layout = HALO
-
-    def rows_lead(self) -> bool:
-        return False
 
     def node_rows(self, plan: ExchangePlan) -> int:
         return -1

@@ -45,11 +45,6 @@ ANY_OP = _AnyOp()  # a rule for every op (the rules that look at arguments, not 
 PRECEDENCE: list[str] = [
     # opaque custom ops (torch.library): only the spec's OpAdapter knows their rows
     "op_adapter",
-    # a stack of row tensors along a new dim 0, and the ops that take that dim away again
-    # (NOTE [stacked rows]): before every rule that reads dim 0 as rows
-    "stack_rows",
-    "unstack_rows",
-    "stacked_as_rows",
     # other spellings of a sum into atom rows, rewritten into the ones below (dispatched again)
     "index_put_as_index_add",
     "scatter_mean_as_sums",

@@ -31,6 +31,8 @@ from mlipdd.comm import group_size
 from mlipdd.shard.exchange import all_reduce_sum
 from mlipdd.shard.handlers import _counted_rows, _sum_dims
 from mlipdd.shard.layouts import Layout
+from mlipdd.shard.placement import placement_of, rows_kind
+from mlipdd.shard.propagation import NoRuleError
 from mlipdd.shard.registry import register
 from mlipdd.shard.replicated import replicated
 from mlipdd.shard.tensor import ShardMeta, ShardTensor, local
@@ -68,7 +70,7 @@ def _rows_reduced(func, meta: ShardMeta, args, kwargs) -> bool:
     x = args[0] if args else kwargs.get("input")
     if not (_reduces_over_ranks(meta) and isinstance(x, ShardTensor) and x.dim() > 0 and x.is_floating_point()):
         return False
-    if meta.row_kind(x.shape[0]) == "other":
+    if rows_kind(x, meta) == "other":
         return False
     second = args[1] if len(args) > 1 else kwargs.get("other")
     if isinstance(second, torch.Tensor):  # torch.max(a, b) and the like: elementwise
@@ -92,8 +94,8 @@ def _reduced_dims(func, args, kwargs):
 @_on_rows(*_MEANS, name="row_mean", predicate=_rows_reduced)
 def row_mean(func, meta: ShardMeta, args, kwargs):
     """The sum over counted rows on every rank, divided by the number of rows of all ranks."""
+    rows = _counted_rows(meta, args[0], "mean")
     x = local(args[0])
-    rows = _counted_rows(meta, x.shape[0], "mean")
     counted = x[rows]
     rest = {k: v for k, v in kwargs.items() if k != "input"}
     with torch._C.DisableTorchFunctionSubclass():
@@ -121,7 +123,7 @@ def row_extreme(func, meta: ShardMeta, args, kwargs):
     """The extreme over counted rows of every rank (a rank without rows adds the identity)."""
     kind = _EXTREMES[func]
     x = local(args[0])
-    counted = x[_counted_rows(meta, x.shape[0], kind)]
+    counted = x[_counted_rows(meta, args[0], kind)]
     if counted.shape[0] == 0:  # e.g. a rank whose subdomain is vacuum
         # joined to the empty rows, not in their place: the partial stays in the autograd
         # graph, so this rank's backward runs the same collectives as the others'
@@ -174,20 +176,21 @@ def _is_row_contraction(func, meta, args, kwargs) -> bool:
         return False
     if a.meta.layout.is_replicated() or b.meta.layout.is_replicated():
         return False
-    rows = meta.row_kind(b.shape[0])
+    rows = rows_kind(b, meta)
     if rows == "other" or a.dim() > 2:
         return False
+    pa = placement_of(a)
     if a.dim() == 1:
-        return a.shape[0] == b.shape[0]
-    # (k, n) @ (n, m): the transposed rows; a (n, n) first operand is rows already
-    return a.shape[1] == b.shape[0] and meta.row_kind(a.shape[0]) == "other"
+        return pa.leads() and pa.kind == placement_of(b).kind
+    # (k, n) @ (n, m): the rows transposed onto the first operand's last dim
+    return pa.dim == 1 and pa.group == 1 and pa.kind == placement_of(b).kind
 
 
 @_on_rows(*_CONTRACTIONS, name="row_contraction", predicate=_is_row_contraction)
 def row_contraction(func, meta: ShardMeta, args, kwargs):
     """The contraction over counted rows on every rank, summed over ranks (replicated)."""
     a, b = local(args[0]), local(args[1])
-    rows = _counted_rows(meta, b.shape[0], "a product over the rows")
+    rows = _counted_rows(meta, args[1], "a product over the rows")
     with torch._C.DisableTorchFunctionSubclass():
         partial = func(a[..., rows], b[rows])
     return replicated(all_reduce_sum(partial, meta.group), meta)
@@ -209,9 +212,10 @@ def _rows_letter(equation: str, operands, meta) -> str | None:
     if len(letters) != len(operands):
         return None
     for subscripts, x in zip(letters, operands):
-        if (isinstance(x, ShardTensor) and not x.meta.layout.is_replicated() and x.dim() > 0
-                and subscripts and meta.row_kind(x.shape[0]) != "other" and subscripts[0] not in output):
-            return subscripts[0]
+        place = placement_of(x)
+        if (place is not None and not place.is_opaque() and place.dim is not None and place.group == 1
+                and len(subscripts) == x.dim() and subscripts[place.dim] not in output):
+            return subscripts[place.dim]
     return None
 
 
@@ -229,10 +233,14 @@ def row_einsum(func, meta: ShardMeta, args, kwargs):
     letter = _rows_letter(equation, operands, meta)
     plain = []
     for subscripts, x in zip(equation.split("->")[0].split(","), operands):
+        place = placement_of(x)
         x = local(x)
         if letter in subscripts:
-            axis = subscripts.index(letter)
-            rows = _counted_rows(meta, x.shape[axis], "an einsum over the rows")
+            if place is None or place.is_opaque() or subscripts[place.dim] != letter:
+                raise NoRuleError(f"einsum {equation!r}: the operands' rows do not share the subscript "
+                                  f"{letter!r}; sum over the rows of one operand at a time")
+            axis = place.dim
+            rows = slice(0, meta.n_owned) if place.kind == "atoms" else slice(None)
             x = x[(slice(None),) * axis + (rows,)]
         plain.append(x)
     with torch._C.DisableTorchFunctionSubclass():
@@ -352,8 +360,8 @@ def row_reduction_refused(func, meta: ShardMeta, args, kwargs):
 
 def _all_pairs_of_rows(func, meta, args, kwargs) -> bool:
     return _reduces_over_ranks(meta) and any(
-        isinstance(x, ShardTensor) and not x.meta.layout.is_replicated() and x.dim() > 0
-        and meta.row_kind(x.shape[-2] if x.dim() > 1 else x.shape[0]) == "node" for x in args[:2])
+        isinstance(x, ShardTensor) and getattr(placement_of(x), "kind", None) in ("atoms", "opaque")
+        for x in args[:2])
 
 
 @_on_rows(torch.cdist, name="all_pairs_refused", predicate=_all_pairs_of_rows)

@@ -29,14 +29,15 @@ from __future__ import annotations
 import torch
 
 from mlipdd.shard.layouts import Layout
+from mlipdd.shard.placement import EDGES, rows_kind
 from mlipdd.shard.registry import register
-from mlipdd.shard.tensor import ShardMeta, poison
+from mlipdd.shard.tensor import ShardMeta, ShardTensor, poison
 
 _INDEX_PUTS = (torch.Tensor.index_put_, torch.Tensor.index_put, torch.index_put)
 
 
 def _row_storage(meta: ShardMeta) -> bool:
-    return (meta.layout.is_halo() or meta.layout.is_sharded()) and meta.layout.rows_lead()
+    return meta.layout.is_halo() or meta.layout.is_sharded()
 
 
 def _accumulating_put(func, meta, args, kwargs) -> bool:
@@ -83,7 +84,7 @@ def _into_atom_rows(func, meta, args, kwargs) -> bool:
     if target is None or dim is None or target.dim() == 0:
         return False
     dim = dim + target.dim() if dim < 0 else dim
-    return dim == 0 and meta.row_kind(target.shape[0]) == "node"
+    return dim == 0 and rows_kind(target, meta) == "node"
 
 
 def _reduces_by_sums(func, meta, args, kwargs) -> bool:
@@ -134,7 +135,7 @@ def _adjacency_product(func, meta, args, kwargs) -> bool:
     adjacency, rows = args
     return (isinstance(adjacency, torch.Tensor) and adjacency.is_sparse and adjacency.dim() == 2
             and isinstance(rows, torch.Tensor) and rows.dim() in (1, 2)
-            and meta.row_kind(adjacency.shape[0]) == "node" and meta.row_kind(rows.shape[0]) == "node")
+            and rows_kind(adjacency, meta) == "node" and rows_kind(rows, meta) == "node")
 
 
 @register(Layout, *_SPARSE_PRODUCTS, name="adjacency_as_scatter", predicate=_adjacency_product,
@@ -152,7 +153,8 @@ def adjacency_as_scatter(func, meta, args, kwargs):
             "DomainConfig(strategy='halo')"
         )
     adjacency = adjacency.coalesce()  # values() carries the gradient only when coalesced
-    receiver, sender = adjacency.indices()
+    # each stored entry comes from this rank's own edges: edge rows, counted once over ranks
+    receiver, sender = (ShardTensor.wrap(i, meta, EDGES) for i in adjacency.indices())
     weights = adjacency.values()
     gathered = rows[sender]
     messages = gathered * (weights if gathered.dim() == 1 else weights.unsqueeze(1))

@@ -44,8 +44,17 @@ from __future__ import annotations
 import torch
 
 from mlipdd.shard.exchange import all_reduce_sum, halo_accumulate, pad
-from mlipdd.shard.handlers import SCATTER_OPS, _finish, _parse, _sum_dims, _target_rows
+from mlipdd.shard.handlers import (
+    SCATTER_OPS,
+    _finish,
+    _parse,
+    _sum_dims,
+    _target_rows,
+    read_placement,
+    refuse_opaque_source,
+)
 from mlipdd.shard.layouts import Sharded
+from mlipdd.shard.placement import ATOMS, rows_kind
 from mlipdd.shard.registry import register
 from mlipdd.shard.replicated import replicated, to_rows
 from mlipdd.shard.tensor import ShardMeta, ShardTensor, local
@@ -96,7 +105,7 @@ def _is_row_gather(func, meta, args, kwargs) -> bool:
         _sharded_rows(_meta_of(x))
         and x._meta.layout.route_gathers
         and x.dim() > 0
-        and x.shape[0] == x._meta.n_owned
+        and rows_kind(x, x._meta) == "node"
         and _gather_index(func, args, kwargs) is not None
     )
 
@@ -105,12 +114,13 @@ def _is_row_gather(func, meta, args, kwargs) -> bool:
           predicate=_is_row_gather, name="sharded_gather")
 def _gather(func, meta, args, kwargs):
     """Owned rows + rows fetched from their owners, indexed like one process would."""
-    x = args[0]
+    x, index = args[0], _gather_index(func, args, kwargs)
     rest = [local(a) for a in args[1:]]
     if rest and isinstance(rest[0], tuple):  # x[idx, ...]
         rest[0] = tuple(local(k) for k in rest[0])
     kwargs = {k: local(v) for k, v in kwargs.items()}
-    return ShardTensor.wrap(routed_gather(local(x), x._meta.plan, func, *rest, **kwargs), x._meta)
+    place = read_placement(x, index, x._meta, padded_table=ATOMS)  # every row read from its owner
+    return ShardTensor.wrap(routed_gather(local(x), x._meta.plan, func, *rest, **kwargs), x._meta, place)
 
 
 # ---- reductions to replicated values -------------------------------------------------
@@ -132,7 +142,7 @@ def sharded_per_system_reduce(func, meta: ShardMeta, args, kwargs):
     base = local(call.target)
     src_meta = _meta_of(call.src)
     rows_meta = src_meta if _sharded_rows(src_meta) else meta
-    if rows_meta.row_kind(call.src.shape[0]) == "other":
+    if rows_kind(call.src, rows_meta) == "other":
         raise RuntimeError(
             f"{call.name} into per-system rows: cannot tell whether the {call.src.shape[0]} source "
             f"rows are atoms ({rows_meta.n_owned} owned here) or edges ({rows_meta.n_edges} here); "
@@ -155,6 +165,7 @@ def _is_node_scatter(func, meta, args, kwargs) -> bool:
 def sharded_scatter(func, meta: ShardMeta, args, kwargs):
     """Scatter into owned rows; contributions to request-table rows go to their owners."""
     call = _parse(func, args, kwargs)
+    refuse_opaque_source(call, meta)
     base = local(call.target)
     table = base.new_zeros((meta.plan.n_padded, *base.shape[1:]))
     contribution = call.scatter_into(table, local(call.index), local(call.src))
@@ -167,7 +178,7 @@ def _is_row_sum(func, meta, args, kwargs) -> bool:
     if not _sharded_rows(_meta_of(x)) or x.dim() == 0 or not meta.system_reductions:
         return False
     dims = _sum_dims(args, kwargs)
-    return (dims is None or 0 in dims) and meta.row_kind(x.shape[0]) != "other"
+    return (dims is None or 0 in dims) and rows_kind(x, meta) != "other"
 
 
 @register(Sharded, torch.Tensor.sum, torch.sum, predicate=_is_row_sum, name="sharded_global_sum")

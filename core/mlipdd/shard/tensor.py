@@ -20,6 +20,8 @@ import torch
 from mlipdd.shard import registry
 from mlipdd.shard.exchange import ExchangePlan
 from mlipdd.shard.layouts import HALO, Layout, Replicated
+from mlipdd.shard.placement import EDGES, Rows, placement_of
+from mlipdd.shard.propagation import output_placement
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class ShardMeta:
 
     def row_kind(self, rows: int) -> str:
         """``node`` (per-atom rows of this layout), ``edge`` (unique rows) or ``other``."""
-        if self.layout.is_replicated() or not self.layout.rows_lead():
+        if self.layout.is_replicated():
             return "other"
         if rows == self.n_padded:
             return "node"
@@ -138,27 +140,40 @@ def local(t):
     return t
 
 
-def promote(out, meta: ShardMeta):
+def promote(out, meta: ShardMeta, place=None):
+    """Wrap ``out`` (a tensor, or a tuple/list of them) with ``meta``; ``place``: the
+    placement of every tensor in it, or a list of one per element (None: from the row
+    count, NOTE [placements] in `mlipdd.shard.placement`)."""
     if isinstance(out, ShardTensor):
         if getattr(out, "_meta", None) is None:
             out._meta = meta
+        if place is not None and not isinstance(place, list):
+            out._place = place
         return out
     if isinstance(out, torch.Tensor):
-        return ShardTensor.wrap(out, meta)
+        return ShardTensor.wrap(out, meta, place)
     if isinstance(out, (tuple, list)):
-        return type(out)(promote(o, meta) for o in out)
+        places = place if isinstance(place, list) else [place] * len(out)
+        items = [promote(o, meta, p) for o, p in zip(out, places)]
+        if hasattr(out, "_fields"):  # torch.return_types (values, indices)
+            return type(out)(items)
+        return type(out)(items)
     return out
 
 
 class ShardTensor(torch.Tensor):
     _meta: ShardMeta
 
+    _place = None  # `mlipdd.shard.placement`: where this tensor's rows are
+
     @staticmethod
-    def wrap(tensor: torch.Tensor, meta: ShardMeta) -> ShardTensor:
-        """Promote a plain tensor (this rank's rows) to a ShardTensor; zero-copy."""
+    def wrap(tensor: torch.Tensor, meta: ShardMeta, place=None) -> ShardTensor:
+        """Promote a plain tensor (this rank's rows) to a ShardTensor; zero-copy.
+        ``place``: its placement (None: from its dim-0 row count when first asked)."""
         with torch._C.DisableTorchFunctionSubclass():
             out = tensor.as_subclass(ShardTensor)
         out._meta = meta
+        out._place = place
         return out
 
     @property
@@ -187,7 +202,28 @@ class ShardTensor(torch.Tensor):
             out = func(*args, **kwargs)
         if meta is None or func in _NO_PROMOTE:
             return out
-        return promote(out, meta)
+        if not _holds_tensors(out):  # shapes, dtypes, numbers, None
+            if func is torch.Tensor.__setitem__ and meta.layout.is_checked():
+                output_placement(func, args, kwargs, out)  # refuses rows written into a plain tensor
+            return out
+        if meta.layout.is_replicated() or not meta.layout.is_checked():
+            return promote(out, meta)
+        # NOTE [refuse by default]: rows without a rule get a placement, or the op is refused
+        place = output_placement(func, args, kwargs, out)
+        if func is torch.autograd.grad:
+            place = [placement_of(i) for i in _grad_inputs(args, kwargs)]
+        return promote(out, meta, place)
+
+
+def _holds_tensors(out) -> bool:
+    if isinstance(out, torch.Tensor):
+        return True
+    return isinstance(out, (tuple, list)) and any(isinstance(o, torch.Tensor) for o in out)
+
+
+def _grad_inputs(args, kwargs):
+    inputs = args[1] if len(args) > 1 else kwargs["inputs"]
+    return (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
 
 
 # Results that describe a tensor rather than hold rows of it.
@@ -198,3 +234,33 @@ _NO_PROMOTE = {
     torch.Tensor.item,
     torch.Tensor.numpy,
 }
+
+
+def as_atom_rows(t: torch.Tensor, like: torch.Tensor, ghosts_current: bool = True) -> torch.Tensor:
+    """Declare ``t`` (a plain tensor with one row per atom of ``like``, along dim 0) as atom
+    rows of ``like``'s forward; ``ghosts_current=False``: its ghost rows are not their
+    owners' values (a padded neighbour table built from this rank's edges, NOTE
+    [placements]). ``t`` itself when ``like`` is not distributed (one process)."""
+    if not isinstance(like, ShardTensor) or like._meta.layout.is_replicated():
+        return t
+    return ShardTensor.wrap(local(t), like._meta, Rows("atoms", stale=not ghosts_current))
+
+
+def as_edge_rows(t: torch.Tensor, like: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """Declare ``t`` as this rank's edge rows along ``dim`` (each edge computed on exactly
+    one rank: its receiver's owner), in ``like``'s forward: for a model that builds its own
+    graph over ``[owned | ghost]`` rows and keeps the edges of owned receivers. ``t``
+    itself when ``like`` is not distributed."""
+    if not isinstance(like, ShardTensor) or like._meta.layout.is_replicated():
+        return t
+    return ShardTensor.wrap(local(t), like._meta, Rows("edges", dim=dim))
+
+
+def neighbors_as_edge_rows(neighbors, meta: ShardMeta):
+    """A rank's neighbour list with its edge index and shifts as edge rows (ShardTensors),
+    so the edges a model filters or gathers stay edges however it indexes them."""
+    return dataclasses.replace(
+        neighbors,
+        edge_index=ShardTensor.wrap(neighbors.edge_index, meta, Rows("edges", dim=1, values="atoms")),
+        unit_shifts=ShardTensor.wrap(neighbors.unit_shifts, meta, EDGES),
+    )

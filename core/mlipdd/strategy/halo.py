@@ -35,6 +35,8 @@ from mlipdd.neighbors import NeighborList, build_neighbor_list
 from mlipdd.shard import ShardMeta, ShardTensor, halo_accumulate
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows, pad
 from mlipdd.shard.layouts import layout_for
+from mlipdd.shard.placement import SYSTEM_INDEX
+from mlipdd.shard.tensor import neighbors_as_edge_rows
 from mlipdd.strategy.balance import LoadBalance
 from mlipdd.strategy.base import Strategy
 from mlipdd.strategy.grid import RankGrid, check_grid, choose_grid, halo_targets, plane_spacings
@@ -292,12 +294,12 @@ class HaloStrategy(SpatialStrategy):
         node = {
             "positions": wrap(padded_positions),
             "atomic_numbers": wrap(torch.cat([batch.atomic_numbers, state.ghost_numbers])),
-            "batch": torch.cat([batch.batch, state.ghost_system]),
+            "batch": ShardTensor.wrap(torch.cat([batch.batch, state.ghost_system]), meta, SYSTEM_INDEX),
             "atom_ids": torch.cat([batch.atom_ids, state.ghost_ids]),
         }
         node.update({name: wrap(pad(value, state.plan)) for name, value in model_inputs(batch).items()})
         padded = Batch._from_dicts(node, dict(batch.system))
-        padded.neighbors = state.neighbors
+        padded.neighbors = neighbors_as_edge_rows(state.neighbors, meta)
         padded.n_owned = batch.num_atoms  # for diagnostics; models must not need it
         return padded, meta
 

@@ -33,6 +33,8 @@ from mlipdd.shard import ShardMeta, ShardTensor
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows
 from mlipdd.shard.layouts import layout_for
 from mlipdd.shard.owned_rows import owned_rows_scope
+from mlipdd.shard.placement import SYSTEM_INDEX
+from mlipdd.shard.tensor import neighbors_as_edge_rows
 from mlipdd.strategy.halo import HaloState, SpatialStrategy, exchange_counts
 from mlipdd.strategy.kinds import StrategyKind
 from mlipdd.strategy.outputs import consolidate_outputs
@@ -84,11 +86,11 @@ class ShardedStrategy(SpatialStrategy):
         node = {
             "positions": positions,
             "atomic_numbers": ShardTensor.wrap(batch.atomic_numbers, meta),
-            "batch": ShardTensor.wrap(batch.batch, meta),
+            "batch": ShardTensor.wrap(batch.batch, meta, SYSTEM_INDEX),
             "atom_ids": batch.atom_ids,
         }
         owned = Batch._from_dicts(node, dict(batch.system))
-        owned.neighbors = state.neighbors
+        owned.neighbors = neighbors_as_edge_rows(state.neighbors, meta)
         owned.n_owned = batch.num_atoms
         return owned, meta
 

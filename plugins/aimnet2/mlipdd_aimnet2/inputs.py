@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 from mlipdd.data import Batch
+from mlipdd.shard import as_atom_rows
 
 
 @dataclass
@@ -104,7 +105,9 @@ def aimnet_inputs(batch: Batch, positions: torch.Tensor, cell: torch.Tensor, cha
             continue
         keep = (lengths < cutoff) & ~self_edge
         matrix = neighbor_matrix(edge_index[0][keep], edge_index[1][keep], unit_shifts[keep], n_rows)
-        data[f"nbmat{suffix}"] = matrix.index
+        # a ghost atom has no edges here: its row of the table is padding (refreshed after
+        # each convolution, `mlipdd_aimnet2.adapters`)
+        data[f"nbmat{suffix}"] = as_atom_rows(matrix.index, positions, ghosts_current=False)
         data[f"shifts{suffix}"] = matrix.unit_shifts
         data[f"mask_ij{suffix}"] = matrix.pad
     return data

@@ -28,7 +28,7 @@ rank gets plain tensors), so installing them is harmless outside halo runs.
 from __future__ import annotations
 
 import torch
-from mlipdd.shard import ShardTensor, halo_correct, local
+from mlipdd.shard import ShardTensor, as_edge_rows, halo_correct, local
 
 FUSED_BACKEND_MESSAGE = (
     "the UMA execution backend {name} fuses the edge->node scatter into one kernel, which the "
@@ -107,6 +107,8 @@ def halo_generate_graph(original, self, data_dict):
              "edge_distance_vec": vec}
     if edge_index.shape[1] == 0:  # as fairchem does: one zero-weight self-loop (beyond cutoff)
         add_n_empty_edges(graph, 1, self.cutoff, fake_atom_idx=0)
+    # each edge has an owned receiver: edge rows, computed on this rank only
+    graph = {key: as_edge_rows(value, pos, dim=1 if key == "edge_index" else 0) for key, value in graph.items()}
     data_dict["scatter_target"] = graph["edge_index"][1]
     return graph
 

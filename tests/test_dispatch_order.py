@@ -43,6 +43,7 @@ PINNED = [
     "sharded_per_system_reduce",
     "sharded_global_sum",
     "zero_product",
+    "rows_to_front",
     "row_mean",
     "row_extreme",
     "row_softmax",

@@ -28,6 +28,7 @@ from mlipdd.shard.tensor import (
     as_atom_rows,
     as_edge_rows,
     local,
+    refresh_ghosts,
 )
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "local",
     "pad",
     "placement_of",
+    "refresh_ghosts",
     "register",
     "rules_in_order",
 ]

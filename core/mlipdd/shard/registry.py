@@ -60,6 +60,9 @@ PRECEDENCE: list[str] = [
     # a replicated value times the number 0 stays plain (every layout; NOTE [whole sums
     # are replicated] in `mlipdd.shard.handlers`)
     "zero_product",
+    # a reduction over rows that are not along dim 0 (``x.t().mean(1)``, ``x.flatten().sum()``):
+    # the rows moved to the front, then the rules below
+    "rows_to_front",
     # means, extremes and products over atom/edge rows, and the reductions over rows with
     # no exact cross-rank form, refused (halo and sharded: `mlipdd.shard.row_reductions`)
     "row_mean",

@@ -90,6 +90,43 @@ def _reduced_dims(func, args, kwargs):
     return _sum_dims((args[0], dim), {})
 
 
+# ---- rows elsewhere than along dim 0 ----------------------------------------------------------
+_FRONTABLE = (torch.sum, torch.Tensor.sum, torch.mean, torch.Tensor.mean, torch.amax, torch.Tensor.amax,
+              torch.amin, torch.Tensor.amin, torch.std, torch.Tensor.std, torch.var, torch.Tensor.var,
+              torch.logsumexp, torch.Tensor.logsumexp, torch.max, torch.Tensor.max, torch.min, torch.Tensor.min)
+
+
+def _rows_elsewhere(func, meta, args, kwargs) -> bool:
+    """A whole-tensor reduction, or one over the rows dim, of float rows that are not
+    along dim 0 one entry each (transposed, stacked, flattened: NOTE [placements])."""
+    x = args[0] if args else None
+    if not (_reduces_over_ranks(meta) and isinstance(x, ShardTensor) and x.is_floating_point()):
+        return False
+    place = placement_of(x)
+    if place is None or place.is_opaque() or place.dim is None or place.leads() or set(kwargs) - {"dim"}:
+        return False
+    if len(args) > 2 or (len(args) == 2 and not isinstance(args[1], (int, tuple, list))):
+        return False
+    dims = _sum_dims(args, kwargs)
+    if func in (torch.max, torch.Tensor.max, torch.min, torch.Tensor.min) and dims is not None:
+        return False  # with a dim they also return positions
+    return dims is None or (place.dim in dims and place.group == 1)
+
+
+@_on_rows(*_FRONTABLE, name="rows_to_front", predicate=_rows_elsewhere)
+def rows_to_front(func, meta: ShardMeta, args, kwargs):
+    """The same reduction of the tensor with its rows moved to dim 0 (then a row rule)."""
+    x, place = args[0], placement_of(args[0])
+    y = local(x).movedim(place.dim, 0)
+    dims = _sum_dims(args, kwargs)
+    if dims is None:
+        width = place.group * math.prod(y.shape[1:])  # a rank without rows has 0 of them
+        rows = ShardTensor.wrap(y.reshape(y.shape[0] // place.group, width), meta, place.moved(0, 1))
+        return func(rows)
+    moved = tuple(0 if d == place.dim else d + (d < place.dim) for d in dims)
+    return func(ShardTensor.wrap(y, meta, place.moved(0)), moved)
+
+
 # ---- means --------------------------------------------------------------------------------
 @_on_rows(*_MEANS, name="row_mean", predicate=_rows_reduced)
 def row_mean(func, meta: ShardMeta, args, kwargs):

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 import torch
 
 from mlipdd.shard import registry
-from mlipdd.shard.exchange import ExchangePlan
+from mlipdd.shard.exchange import ExchangePlan, halo_fill
 from mlipdd.shard.layouts import HALO, Layout, Replicated
-from mlipdd.shard.placement import EDGES, Rows, placement_of
+from mlipdd.shard.placement import ATOMS, EDGES, Rows, placement_of
 from mlipdd.shard.propagation import output_placement
 
 
@@ -244,6 +244,16 @@ def as_atom_rows(t: torch.Tensor, like: torch.Tensor, ghosts_current: bool = Tru
     if not isinstance(like, ShardTensor) or like._meta.layout.is_replicated():
         return t
     return ShardTensor.wrap(local(t), like._meta, Rows("atoms", stale=not ghosts_current))
+
+
+def refresh_ghosts(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with its ghost rows replaced by their owners' values (a halo exchange whose
+    backward sends the ghosts' gradients to their owners): for atom rows computed from a
+    padded neighbour table, whose ghost rows are not current (NOTE [placements]). ``x``
+    itself on one process, under sharded storage (no ghost rows) or for a plain tensor."""
+    if not isinstance(x, ShardTensor) or not x._meta.layout.is_halo():
+        return x
+    return ShardTensor.wrap(halo_fill(local(x), x._meta.plan), x._meta, ATOMS)
 
 
 def as_edge_rows(t: torch.Tensor, like: torch.Tensor, dim: int = 0) -> torch.Tensor:

@@ -5,7 +5,9 @@ each case as it finishes). A case that raises ends that group: `mlipdd.comm.fail
 tears the process group down on the failing rank and the peers raise its message, so
 no later collective could run. Each rank therefore stops at its first exception; the
 first case not finished on every rank is ``refused`` (with the originating rank's first
-line), or ``CRASH`` when a rank died or hung in it, every case before it is compared
+line), ``HANG`` when a collective timed out or the ranks fell out of step in it, or
+``CRASH`` when a rank died (gloo aborts a process on mismatched collective sizes);
+every case before it is compared
 with one process, and a fresh group resumes after it."""
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 from mlipdd.spec.presets import SPEC_MPNN_HALO, SPEC_MPNN_SHARDED
 from mlipdd.testing.conformance import distributed_outputs, gather_by_id, relative_difference
-from mlipdd.testing.idiom_zoo.launch import GroupRun, run_group
+from mlipdd.testing.idiom_zoo.launch import OUT_OF_STEP, GroupRun, run_group
 from mlipdd.testing.systems import slab, small_cell, triclinic
 
 SPECIES = (1, 8)
@@ -32,7 +34,7 @@ SYSTEMS = {
 }
 WORLD_SIZES = (2, 3, 4)
 TOLERANCE = 1e-10
-OUTCOMES = ("exact", "refused", "WRONG", "CRASH")
+OUTCOMES = ("exact", "refused", "WRONG", "HANG", "CRASH")
 # Skin 0: the distributed lists then hold exactly the pairs within the cutoff, like the
 # one-process list, so a model that counts or averages its edges is compared fairly.
 DOMAIN_OPTIONS = {"skin": 0.0}
@@ -45,7 +47,7 @@ class CaseResult:
     system: str
     world_size: int
     outcome: str  # one of OUTCOMES
-    detail: str = ""  # refused: the error's first line; CRASH: the rank that died or hung; WRONG: worst output
+    detail: str = ""  # refused/HANG/CRASH: the error's first line or the rank lost; WRONG: worst output
     max_rel: float | None = None  # largest relative difference (exact and WRONG)
 
     @property
@@ -101,15 +103,18 @@ def _run_case(rank, world_size, case):
 
 def _failure_text(run: GroupRun, index: int) -> tuple[str, str]:
     """(outcome, first line) of the case every rank stopped at: a lost rank makes it a
-    CRASH; else the originating rank's error (a RemoteRankError names it)."""
+    CRASH (died) or HANG (no progress); a collective that timed out or ranks out of step
+    a HANG; else ``refused`` with the originating rank's error (a RemoteRankError names it)."""
     lost = [why for rank, why in run.lost.items() if len(run.done[rank]) == index]
     if lost:
-        return "CRASH", lost[0]
+        return ("HANG" if "no progress" in lost[0] else "CRASH"), lost[0]
     failing = [(text, relayed) for i, text, relayed in run.errors.values() if i == index]
     origin = [text for text, relayed in failing if not relayed]
-    if origin:
-        return "refused", origin[0]
-    return "refused", failing[0][0].split(" failed: ", 1)[-1]  # "RemoteRankError: rank k failed: <origin's>"
+    text = origin[0] if origin else failing[0][0].split(" failed: ", 1)[-1]  # "rank k failed: <origin's>"
+    hung = [t for t, _ in failing if OUT_OF_STEP in t or "timed out" in t.lower()]
+    if hung:
+        return "HANG", hung[0].split(" failed: ", 1)[-1]
+    return "refused", text
 
 
 def _compare(ranks: list[dict], reference: dict, n_atoms: int) -> tuple[str, str, float]:
@@ -142,11 +147,11 @@ def _references(models_systems: Iterable[tuple[str, str]]) -> dict:
     return out
 
 
-def _classify_world_size(cases, world_size, references, stall_s) -> list[CaseResult]:
+def _classify_world_size(cases, world_size, references, collective_timeout_s, stall_s) -> list[CaseResult]:
     results: list[CaseResult] = []
     pending = list(cases)
     while pending:
-        run = run_group(_run_case, world_size, pending, stall_s=stall_s)
+        run = run_group(_run_case, world_size, pending, collective_timeout_s, stall_s)
         stop = run.stop(len(pending))
         for index in range(stop):
             model, strategy, system = pending[index]
@@ -164,10 +169,11 @@ def _classify_world_size(cases, world_size, references, stall_s) -> list[CaseRes
 
 def classify(models: Iterable[str] | None = None, world_sizes: Iterable[int] = WORLD_SIZES,
              strategies: Iterable[str] = tuple(STRATEGIES), systems: Iterable[str] = tuple(SYSTEMS),
-             stall_s: float = 120.0) -> list[CaseResult]:
+             collective_timeout_s: float = 15.0, stall_s: float = 120.0) -> list[CaseResult]:
     """Every (model, strategy, system) at every world size, one spawned group per world
     size (plus one more after each refused case). ``models``: names in `ZOO` (default:
-    all); ``stall_s``: a group with no case finished for this long is hung."""
+    all). A collective that waits ``collective_timeout_s`` (a rank skipped it) or a group
+    without progress for ``stall_s`` makes the case a HANG."""
     from mlipdd.testing.idiom_zoo import ZOO
 
     models = list(ZOO) if models is None else list(models)
@@ -178,7 +184,7 @@ def classify(models: Iterable[str] | None = None, world_sizes: Iterable[int] = W
     references = _references(dict.fromkeys((m, c) for m, _, c in cases))
     results = []
     for world_size in world_sizes:
-        results += _classify_world_size(cases, world_size, references, stall_s)
+        results += _classify_world_size(cases, world_size, references, collective_timeout_s, stall_s)
     order = {case: i for i, case in enumerate(cases)}
     return sorted(results, key=lambda r: (r.world_size, order[r.model, r.strategy, r.system]))
 

@@ -11,6 +11,7 @@ are kept. Ranks come from the same forkserver as `run_ranks` (torch preloaded).
 
 from __future__ import annotations
 
+import datetime
 import io
 import os
 import queue
@@ -40,7 +41,24 @@ class GroupRun:
         return min(stops)
 
 
-def _rank_main(rank, world_size, port, run_case, cases, results):
+OUT_OF_STEP = "ranks out of step"
+
+
+def _check_in_step(index: int, world_size: int) -> None:
+    """After a case, every rank gathers every rank's case index: a rank that issued fewer
+    collectives than its peers in that case (and ran ahead) is caught in that case, not
+    blamed on a later one (gloo pairs collectives by order, not by name)."""
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.tensor([index, 7919])
+    everyone = [torch.empty_like(mine) for _ in range(world_size)]
+    dist.all_gather(everyone, mine)
+    if any(other.tolist() != mine.tolist() for other in everyone):
+        raise RuntimeError(f"{OUT_OF_STEP} after case {index}: the ranks issued different collectives")
+
+
+def _rank_main(rank, world_size, port, run_case, cases, results, collective_timeout_s):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     import torch
@@ -50,7 +68,8 @@ def _rank_main(rank, world_size, port, run_case, cases, results):
 
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=collective_timeout_s))
     except Exception:  # noqa: BLE001 - reported; the parent relaunches on a taken port
         results.put((rank, None, "init", traceback.format_exc()))
         return
@@ -58,6 +77,7 @@ def _rank_main(rank, world_size, port, run_case, cases, results):
         for index, case in enumerate(cases):
             try:
                 out = run_case(rank, world_size, case)
+                _check_in_step(index, world_size)
             except Exception as exc:  # noqa: BLE001 - classified by the parent
                 lines = str(exc).strip().splitlines()
                 text = f"{type(exc).__name__}: {lines[0] if lines else ''}"
@@ -77,21 +97,25 @@ def _rank_main(rank, world_size, port, run_case, cases, results):
                 pass
 
 
-def run_group(run_case, world_size: int, cases: list, stall_s: float = 120.0) -> GroupRun:
+def run_group(run_case, world_size: int, cases: list, collective_timeout_s: float = 15.0,
+              stall_s: float = 120.0) -> GroupRun:
     """``run_case(rank, world_size, case)`` for each case on ``world_size`` ranks, in order,
-    each rank stopping at its first exception. Relaunched on a taken port (as run_ranks)."""
-    for attempt in range(3):
-        run = _launch(run_case, world_size, cases, stall_s)
+    each rank stopping at its first exception. A collective that waits longer than
+    ``collective_timeout_s`` raises (a rank that skipped it would leave its peers waiting
+    for the default 30 minutes); ``stall_s`` without any message kills the group.
+    Relaunched on a taken port (as run_ranks)."""
+    for _ in range(3):
+        run = _launch(run_case, world_size, cases, collective_timeout_s, stall_s)
         if run is not None:
             return run
     raise RuntimeError(f"could not start {world_size} gloo ranks: the port was taken three times")
 
 
-def _launch(run_case, world_size, cases, stall_s) -> GroupRun | None:
+def _launch(run_case, world_size, cases, collective_timeout_s, stall_s) -> GroupRun | None:
     ctx = spawn._context()
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, run_case, cases, results))
+    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, run_case, cases, results, collective_timeout_s))
              for r in range(world_size)]
     for p in procs:
         p.start()

@@ -217,7 +217,11 @@ WRONG_MODELS = {
 
 # the strategies each wrong model is wrong under (self-loops over owned rows are exact
 # under sharded storage, which has no ghost rows)
-WRONG_UNDER = {name: ("halo", "sharded") for name in WRONG_MODELS} | {"self_loops": ("halo",)}
+# NOTE [placements]: a max over a flattened per-atom tensor is a max over the atoms, which
+# the dispatch now reduces over ranks: no longer wrong, it must validate as exact
+EXACT_BY_DISPATCH = ("flattened_max",)
+WRONG_UNDER = {name: ("halo", "sharded") for name in WRONG_MODELS if name not in EXACT_BY_DISPATCH} | {
+    "self_loops": ("halo",)}
 WRONG_CASES = [(name, strategy) for name, strategies in WRONG_UNDER.items() for strategy in strategies]
 
 RIGHT_MODELS = {
@@ -304,6 +308,14 @@ def test_a_wrong_model_on_a_too_small_sample_is_not_passed_as_exact(name):
         assert "sample was too small" in report.next_action
     covering = [v for views in report.coverage for v in views if v.seen == v.total]
     assert covering or report.last.error, report.summary()
+
+
+@pytest.mark.parametrize("strategy", ["halo", "sharded"])
+@pytest.mark.parametrize("name", EXACT_BY_DISPATCH)
+def test_an_idiom_the_dispatch_reduces_over_ranks_validates_as_exact(name, strategy):
+    factory = functools.partial(WRONG_MODELS[name], cutoff=4.0)
+    report = trace_and_validate(factory, world_size=2, strategy=strategy, max_attempts=1)
+    assert report.ok and report.conclusive, report.summary()
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

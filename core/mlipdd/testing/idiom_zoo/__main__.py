@@ -51,9 +51,9 @@ so the lists hold exactly the pairs within the cutoff). Outcomes:
 * **HANG**: a collective that only some ranks issued (timed out), or ranks out of step;
 * **CRASH**: a rank died (gloo aborts the process on collectives of mismatched sizes).
 
-`tests/test_idiom_zoo.py` runs the same classification (2 ranks by default, all three
-with `--mlipdd-world-sizes=2,3,4`) and fails on any WRONG, HANG or CRASH not listed
-in its strict-xfail sets. Regenerate this file with
+`tests/test_idiom_zoo.py` runs the same classification and fails on any WRONG, HANG or
+CRASH not listed in its xfail sets (strict for WRONG: a fixed case must leave the
+list). Regenerate this file with
 
     OMP_NUM_THREADS=1 python -m mlipdd.testing.idiom_zoo --output docs/idiom_zoo.md
 """

@@ -1,14 +1,13 @@
 """Classify every zoo model: one process vs spawned gloo ranks, per strategy and system.
 
-All cases of one world size run in ONE spawned group (`launch.run_group`, which reports
-each case as it finishes). A case that raises ends that group: `mlipdd.comm.fail_together`
-tears the process group down on the failing rank and the peers raise its message, so
-no later collective could run. Each rank therefore stops at its first exception; the
-first case not finished on every rank is ``refused`` (with the originating rank's first
-line), ``HANG`` when a collective timed out or the ranks fell out of step in it, or
-``CRASH`` when a rank died (gloo aborts a process on mismatched collective sizes);
-every case before it is compared
-with one process, and a fresh group resumes after it."""
+All cases of one world size run on ONE set of spawned ranks (`launch.run_cases`, which
+reports each case as it finishes). A case that raises tears the process group down
+(`mlipdd.comm.fail_together`: the failing rank aborts the group, the peers raise its
+message), so the ranks stop there, join a fresh group and resume after it. A case
+not finished on every rank is ``refused`` (with the originating rank's first line),
+``HANG`` when a collective timed out or the ranks fell out of step in it, or ``CRASH``
+when a rank died (gloo aborts a process on collectives of mismatched sizes); a case
+finished on every rank is ``exact`` or ``WRONG`` against one process."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 
 from mlipdd.spec.presets import SPEC_MPNN_HALO, SPEC_MPNN_SHARDED
 from mlipdd.testing.conformance import distributed_outputs, gather_by_id, relative_difference
-from mlipdd.testing.idiom_zoo.launch import OUT_OF_STEP, GroupRun, run_group
+from mlipdd.testing.idiom_zoo.launch import OUT_OF_STEP, CaseReport, run_cases
 from mlipdd.testing.systems import slab, small_cell, triclinic
 
 SPECIES = (1, 8)
@@ -101,16 +100,17 @@ def _run_case(rank, world_size, case):
     return {k: out[k] for k in ("atom_ids", "energy", "forces", "stress")}
 
 
-def _failure_text(run: GroupRun, index: int) -> tuple[str, str]:
-    """(outcome, first line) of the case every rank stopped at: a lost rank makes it a
-    CRASH (died) or HANG (no progress); a collective that timed out or ranks out of step
-    a HANG; else ``refused`` with the originating rank's error (a RemoteRankError names it)."""
-    lost = [why for rank, why in run.lost.items() if len(run.done[rank]) == index]
-    if lost:
-        return ("HANG" if "no progress" in lost[0] else "CRASH"), lost[0]
-    failing = [(text, relayed) for i, text, relayed in run.errors.values() if i == index]
+def _failure_text(report: CaseReport) -> tuple[str, str]:
+    """(outcome, first line) of a case the ranks did not all finish: a lost rank makes it
+    a CRASH (died) or HANG (no progress); a collective that timed out or ranks out of
+    step a HANG; else ``refused`` with the originating rank's error (a RemoteRankError
+    relays it as "rank k failed: <message>")."""
+    if report.lost:
+        why = report.lost[0]
+        return ("HANG" if "no progress" in why else "CRASH"), why
+    failing = [(text, relayed) for _, text, relayed in report.errors]
     origin = [text for text, relayed in failing if not relayed]
-    text = origin[0] if origin else failing[0][0].split(" failed: ", 1)[-1]  # "rank k failed: <origin's>"
+    text = origin[0] if origin else failing[0][0].split(" failed: ", 1)[-1]
     hung = [t for t, _ in failing if OUT_OF_STEP in t or "timed out" in t.lower()]
     if hung:
         return "HANG", hung[0].split(" failed: ", 1)[-1]
@@ -148,22 +148,15 @@ def _references(models_systems: Iterable[tuple[str, str]]) -> dict:
 
 
 def _classify_world_size(cases, world_size, references, collective_timeout_s, stall_s) -> list[CaseResult]:
-    results: list[CaseResult] = []
-    pending = list(cases)
-    while pending:
-        run = run_group(_run_case, world_size, pending, collective_timeout_s, stall_s)
-        stop = run.stop(len(pending))
-        for index in range(stop):
-            model, strategy, system = pending[index]
-            reference = references[model, system]
-            ranks = [run.done[rank][index] for rank in range(world_size)]
-            outcome, detail, worst = _compare(ranks, reference, reference["forces"].shape[0])
-            results.append(CaseResult(model, strategy, system, world_size, outcome, detail, worst))
-        if stop == len(pending):
-            break
-        outcome, detail = _failure_text(run, stop)
-        results.append(CaseResult(*pending[stop], world_size, outcome, detail))
-        pending = pending[stop + 1:]
+    results = []
+    for case, report in zip(cases, run_cases(_run_case, world_size, cases, collective_timeout_s, stall_s)):
+        model, _, system = case
+        if report.done is None:
+            results.append(CaseResult(*case, world_size, *_failure_text(report)))
+            continue
+        reference = references[model, system]
+        outcome, detail, worst = _compare(report.done, reference, reference["forces"].shape[0])
+        results.append(CaseResult(*case, world_size, outcome, detail, worst))
     return results
 
 

@@ -1,12 +1,21 @@
-"""One spawned gloo group that runs many cases and reports each as it finishes.
+"""Many cases on one set of spawned gloo ranks, each case reported as it finishes.
 
-`mlipdd.testing.run_ranks` returns when every rank has returned; a rank that dies
-(a crash in a kernel) or hangs is noticed only at its timeout, and what it finished
-is lost. The zoo runs hundreds of cases per group and some idioms crash or hang a
-rank, so here every rank streams one message per case and the parent watches the
-processes: a rank that exits without its final message is ``lost`` at once, a group
-with no message for ``stall_s`` seconds is killed, and the cases finished before
-are kept. Ranks come from the same forkserver as `run_ranks` (torch preloaded).
+`mlipdd.testing.run_ranks` returns when every rank has returned; a rank that dies (a
+crash in a kernel) or hangs is noticed only at its timeout, and what it finished is
+lost. The zoo runs hundreds of cases per rank count, and an exception in a case tears
+the process group down (`mlipdd.comm.fail_together`), so here:
+
+* every rank streams one message per case, and the parent watches the processes: a
+  rank that exits without its final message is lost at once, a set of ranks with no
+  message for ``stall_s`` seconds is killed;
+* after an exception the ranks stay alive and join a NEW group (an epoch, rendezvous in
+  a fresh file store), agree there on the first case not finished by all (an
+  all_gather), and resume after it; only a lost rank costs new processes;
+* after each case the ranks gather their case index (`_check_in_step`), so a rank
+  that skipped a collective is caught in that case, not blamed on a later one (gloo
+  pairs collectives by order, not by name).
+
+Ranks come from the same forkserver as `run_ranks` (torch preloaded).
 """
 
 from __future__ import annotations
@@ -15,39 +24,28 @@ import datetime
 import io
 import os
 import queue
+import shutil
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
 
-from mlipdd.comm import free_port
 from mlipdd.testing import spawn
 
-_PORT_TAKEN = "address already in use"
+OUT_OF_STEP = "ranks out of step"
+BETWEEN_CASES = "failed between cases"
 
 
 @dataclass
-class GroupRun:
-    """What each rank reported: finished cases by index, its first error, or why it was lost."""
+class CaseReport:
+    """One case: every rank's result, or the errors and lost ranks that stopped it."""
 
-    world_size: int
-    done: list[dict[int, dict]] = field(default_factory=list)
-    errors: dict[int, tuple[int, str, bool]] = field(default_factory=dict)  # rank -> (case, text, relayed)
-    lost: dict[int, str] = field(default_factory=dict)  # rank -> why (exit code, stall)
-
-    def stop(self, n_cases: int) -> int:
-        """The first case not finished on every rank."""
-        stops = [n_cases] + [index for index, _, _ in self.errors.values()]
-        stops += [len(self.done[rank]) for rank in self.lost]
-        return min(stops)
-
-
-OUT_OF_STEP = "ranks out of step"
+    done: list | None = None  # per rank, when every rank finished the case
+    errors: list[tuple[int, str, bool]] = field(default_factory=list)  # (rank, first line, relayed)
+    lost: list[str] = field(default_factory=list)  # why a rank was lost (died, no progress)
 
 
 def _check_in_step(index: int, world_size: int) -> None:
-    """After a case, every rank gathers every rank's case index: a rank that issued fewer
-    collectives than its peers in that case (and ran ahead) is caught in that case, not
-    blamed on a later one (gloo pairs collectives by order, not by name)."""
     import torch
     import torch.distributed as dist
 
@@ -58,114 +56,142 @@ def _check_in_step(index: int, world_size: int) -> None:
         raise RuntimeError(f"{OUT_OF_STEP} after case {index}: the ranks issued different collectives")
 
 
-def _rank_main(rank, world_size, port, run_case, cases, results, collective_timeout_s):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
+def _rank_main(rank, world_size, store_dir, first, run_case, cases, results, collective_timeout_s):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     import torch
     import torch.distributed as dist
 
     from mlipdd.comm import RemoteRankError
 
     torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=collective_timeout_s)
+    epoch, start = 0, first
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=collective_timeout_s))
-    except Exception:  # noqa: BLE001 - reported; the parent relaunches on a taken port
-        results.put((rank, None, "init", traceback.format_exc()))
-        return
-    try:
-        for index, case in enumerate(cases):
-            try:
-                out = run_case(rank, world_size, case)
-                _check_in_step(index, world_size)
-            except Exception as exc:  # noqa: BLE001 - classified by the parent
-                lines = str(exc).strip().splitlines()
-                text = f"{type(exc).__name__}: {lines[0] if lines else ''}"
-                results.put((rank, index, "error", (text, isinstance(exc, RemoteRankError))))
-                if rank == 0:
-                    time.sleep(0.3)  # rank 0 hosts the store: let the peers read the failure first
-                break
-            buffer = io.BytesIO()  # plain bytes, as run_ranks sends them
-            torch.save(spawn._to_cpu(out), buffer)
-            results.put((rank, index, "ok", buffer.getvalue()))
-        results.put((rank, None, "end", None))
-    finally:
-        if dist.is_initialized():
-            try:
+        while True:
+            dist.init_process_group("gloo", init_method=f"file://{store_dir}/epoch{epoch}", rank=rank,
+                                    world_size=world_size, timeout=timeout)
+            if epoch > 0:  # resume after the first case not finished on every rank
+                stopped = [torch.empty(1, dtype=torch.long) for _ in range(world_size)]
+                dist.all_gather(stopped, torch.tensor([start]))
+                start = min(int(s) for s in stopped) + 1
+            failed_at = None
+            for index in range(start, len(cases)):
+                try:
+                    out = run_case(rank, world_size, cases[index])
+                    _check_in_step(index, world_size)
+                except Exception as exc:  # noqa: BLE001 - classified by the parent
+                    results.put((rank, epoch, index, "error", (_first_line(exc), isinstance(exc, RemoteRankError))))
+                    failed_at = index
+                    break
+                buffer = io.BytesIO()  # plain bytes, as run_ranks sends them
+                torch.save(spawn._to_cpu(out), buffer)
+                results.put((rank, epoch, index, "ok", buffer.getvalue()))
+            if dist.is_initialized():  # an exception every rank agreed on leaves the group up
                 dist.destroy_process_group()
-            except Exception:  # noqa: BLE001, S110 - the rank is exiting anyway
-                pass
+            if failed_at is None or failed_at + 1 >= len(cases):
+                break
+            epoch, start = epoch + 1, failed_at
+        results.put((rank, None, None, "end", None))
+    except Exception:  # noqa: BLE001 - a failure outside any case: the parent relaunches
+        results.put((rank, None, None, "lost", traceback.format_exc().strip().splitlines()[-1]))
 
 
-def run_group(run_case, world_size: int, cases: list, collective_timeout_s: float = 15.0,
-              stall_s: float = 120.0) -> GroupRun:
-    """``run_case(rank, world_size, case)`` for each case on ``world_size`` ranks, in order,
-    each rank stopping at its first exception. A collective that waits longer than
-    ``collective_timeout_s`` raises (a rank that skipped it would leave its peers waiting
-    for the default 30 minutes); ``stall_s`` without any message kills the group.
-    Relaunched on a taken port (as run_ranks)."""
-    for _ in range(3):
-        run = _launch(run_case, world_size, cases, collective_timeout_s, stall_s)
-        if run is not None:
-            return run
-    raise RuntimeError(f"could not start {world_size} gloo ranks: the port was taken three times")
+def run_cases(run_case, world_size: int, cases: list, collective_timeout_s: float = 15.0,
+              stall_s: float = 120.0) -> list[CaseReport]:
+    """``run_case(rank, world_size, case)`` for every case, in order, on ``world_size`` ranks.
+
+    A collective that waits longer than ``collective_timeout_s`` raises (a rank that
+    skipped it would leave its peers waiting for the default 30 minutes)."""
+    reports: list[CaseReport | None] = [None] * len(cases)
+    first, retried = 0, set()
+    while first < len(cases):
+        resume, between = _launch(run_case, world_size, cases, first, reports, collective_timeout_s, stall_s)
+        if between and resume in retried:  # lost joining a new group twice at the same place
+            reports[resume] = CaseReport(lost=[f"ranks {BETWEEN_CASES} twice before this case"])
+            resume += 1
+        elif between:
+            retried.add(resume)
+        first = resume
+    return reports
 
 
-def _launch(run_case, world_size, cases, collective_timeout_s, stall_s) -> GroupRun | None:
+def _launch(run_case, world_size, cases, first, reports, collective_timeout_s, stall_s) -> tuple[int, bool]:
+    """Ranks from case ``first`` on until they end or one is lost; fills ``reports``;
+    returns the case to start new ranks from, and whether ranks were lost between cases."""
     ctx = spawn._context()
     results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, run_case, cases, results, collective_timeout_s))
-             for r in range(world_size)]
+    store_dir = tempfile.mkdtemp(prefix="mlipdd-idiom-zoo-")
+    procs = [ctx.Process(target=_rank_main, args=(r, world_size, store_dir, first, run_case, cases, results,
+                                                  collective_timeout_s)) for r in range(world_size)]
     for p in procs:
         p.start()
-    run = GroupRun(world_size, done=[{} for _ in range(world_size)])
-    ended: set[int] = set()
-    last = time.monotonic()
+    done: dict[int, dict[int, object]] = {}  # case -> rank -> result (a case runs once per launch)
+    errors: dict[int, dict[int, tuple[int, str, bool]]] = {}  # epoch -> rank -> (case, text, relayed)
+    ended, lost, last = set(), {}, time.monotonic()
     try:
-        while len(ended | set(run.lost)) < world_size:
+        while len(ended) + len(lost) < world_size:
             try:
-                rank, index, kind, payload = results.get(timeout=0.5)
+                rank, epoch, index, kind, payload = results.get(timeout=0.5)
             except queue.Empty:
-                for rank, p in enumerate(procs):
-                    if rank not in ended and rank not in run.lost and not p.is_alive():
-                        _drain(results, run, ended)
-                        if rank not in ended:
-                            run.lost[rank] = f"rank {rank} died (exit code {p.exitcode})"
-                if time.monotonic() - last > stall_s:
-                    for rank in set(range(world_size)) - ended - set(run.lost):
-                        run.lost[rank] = f"rank {rank} made no progress for {stall_s:.0f} s (hung)"
+                for r, p in enumerate(procs):
+                    if r not in ended and r not in lost and not p.is_alive():
+                        lost[r] = f"rank {r} died (exit code {p.exitcode})"
+                if not lost and time.monotonic() - last > stall_s:
+                    lost.update({r: f"rank {r} made no progress for {stall_s:.0f} s (hung)"
+                                 for r in range(world_size) if r not in ended})
+                if lost:
+                    break
                 continue
             last = time.monotonic()
-            if _record(run, ended, rank, index, kind, payload) == "port":
-                return None
+            if kind == "ok":
+                done.setdefault(index, {})[rank] = spawn._load(payload)
+            elif kind == "error":
+                errors.setdefault(epoch, {})[rank] = (index, *payload)
+            elif kind == "end":
+                ended.add(rank)
+            else:
+                lost[rank] = f"rank {rank} {BETWEEN_CASES}: {payload}"
     finally:
         for p in procs:
+            if lost and p.is_alive():
+                p.kill()  # the group is broken: its other ranks can only wait for the lost one
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
-    return run
+        shutil.rmtree(store_dir, ignore_errors=True)
+    return _fill_reports(reports, world_size, len(cases), first, done, errors, lost)
 
 
-def _drain(results, run, ended) -> None:
-    while True:
-        try:
-            rank, index, kind, payload = results.get(timeout=0.2)
-        except queue.Empty:
-            return
-        _record(run, ended, rank, index, kind, payload)
-
-
-def _record(run, ended, rank, index, kind, payload) -> str | None:
-    if kind == "ok":
-        run.done[rank][index] = spawn._load(payload)
-    elif kind == "error":
-        run.errors[rank] = (index, *payload)
-    elif kind == "end":
-        ended.add(rank)
-    elif kind == "init":
-        if _PORT_TAKEN in payload.lower():
-            return "port"
-        run.lost[rank] = f"rank {rank} could not join the group: {payload.strip().splitlines()[-1]}"
-    return None
+def _fill_reports(reports, world_size, n_cases, first, done, errors, lost) -> tuple[int, bool]:
+    """Replay the epochs as the ranks took them (each resumes after the first case not
+    finished by every rank) and return where new ranks start. A rank lost in a case
+    (no error from it in that epoch) makes that case's report; one lost between cases
+    (joining the next epoch) reports nothing: the next launch retries from there."""
+    start = first
+    for epoch in sorted(errors):
+        if any(r not in errors[epoch] for r in lost):
+            break  # a lost rank died or hung in this epoch
+        stop = min(index for index, _, _ in errors[epoch].values())
+        for index in range(start, stop):
+            reports[index] = CaseReport(done=[done[index][r] for r in range(world_size)])
+        reports[stop] = CaseReport(errors=[(r, text, relayed) for r, (i, text, relayed)
+                                           in sorted(errors[epoch].items()) if i == stop])
+        start = stop + 1
+    index = start
+    while index < n_cases and len(done.get(index, {})) == world_size:
+        reports[index] = CaseReport(done=[done[index][r] for r in range(world_size)])
+        index += 1
+    if not lost or index >= n_cases:
+        return n_cases, False
+    if all(BETWEEN_CASES in why for why in lost.values()):
+        return index, True
+    epoch_errors = errors[max(errors)].values() if errors else []
+    reports[index] = CaseReport(errors=[(-1, text, relayed) for i, text, relayed in epoch_errors if i == index],
+                                lost=sorted(lost.values()))
+    return index + 1, False

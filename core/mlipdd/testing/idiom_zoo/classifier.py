@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from mlipdd.spec.presets import SPEC_MPNN_HALO, SPEC_MPNN_SHARDED
 from mlipdd.testing.conformance import distributed_outputs, gather_by_id, relative_difference
@@ -190,6 +192,12 @@ def counts_by_strategy(results: list[CaseResult]) -> dict[str, dict[str, int]]:
     return counts
 
 
+def _shortened(text: str, limit: int = 400) -> str:
+    root = str(Path(__file__).resolve().parents[3])  # .../core: paths in messages as core/...
+    text = text.replace(root, "core").replace("`", "'").replace("|", "/")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def markdown_table(results: list[CaseResult]) -> str:
     """Counts per strategy, then one row per model with one column per (strategy,
     system); a cell lists the world sizes that differ. Refusal messages are numbered
@@ -200,14 +208,17 @@ def markdown_table(results: list[CaseResult]) -> str:
     columns = list(dict.fromkeys((r.strategy, r.system) for r in results))
     models = list(dict.fromkeys(r.model for r in results))
     by_key = {r.key: r for r in results}
-    notes: dict[str, int] = {}
+    notes: dict[str, int] = {}  # message with its numbers blanked -> note number
+    examples: dict[str, str] = {}  # the same key -> the first full message
 
     def short(r: CaseResult) -> str:
         if r.outcome == "exact":
             return "exact"
         if r.outcome == "WRONG":
             return f"**WRONG** {r.detail}"
-        note = notes.setdefault(r.detail, len(notes) + 1)
+        key = re.sub(r"\d+", "#", r.detail)  # row counts, indices, line numbers differ per rank
+        examples.setdefault(key, r.detail)
+        note = notes.setdefault(key, len(notes) + 1)
         return f"{r.outcome} [{note}]"
 
     lines = [f"Cases per strategy (models x systems x world sizes {', '.join(map(str, world_sizes))}):", "",
@@ -225,8 +236,9 @@ def markdown_table(results: list[CaseResult]) -> str:
             cells.append(per_ws[0][1] if len(texts) == 1 else "<br>".join(f"{ws}: {t}" for ws, t in per_ws))
         lines.append(f"| {model} | {ZOO[model].idiom} | " + " | ".join(cells) + " |")
     if notes:
-        lines += ["", "Errors on the ranks (first line; a RemoteRankError's origin message):", ""]
-        lines += [f"{n}. `{text.replace('`', chr(39))}`" for text, n in notes.items()]
+        title = "Errors on the ranks (the originating rank's first line; one example per message up to its numbers):"
+        lines += ["", title, ""]
+        lines += [f"{n}. `{_shortened(examples[key])}`" for key, n in notes.items()]
     return "\n".join(lines)
 
 

@@ -112,12 +112,24 @@ def pointwise(func, args, kwargs, out):
                 "or mixed-row product has no cross-rank rule (each rank holds only some of the rows). "
                 "Pair atoms through the neighbour list's edges, or use the ewald_pme plugin for all pairs."
             )
+    if func in _ORDERINGS and any(p.values == "atoms" for _, _, p in rows):
+        raise NoRuleError(
+            f"`{op_name(func)}` orders atom indices (an edge index's values): they are this rank's row "
+            "numbers, which differ from one process's (ghost rows come last), so the edges it keeps "
+            "differ too. Keep both directions of each pair and halve the pair energy, or compare "
+            "something every rank agrees on (positions, global ids)."
+        )
     if opaque is not None:
         return opaque
     if place.values is not None and (func not in _KEEP_VALUES or len(rows) > 1):
         place = replace(place, values=None)  # arithmetic on a system index: no longer one
     return replace(place, stale=stale) if stale != place.stale else place
 
+
+# comparisons by order: of atom indices they depend on how each rank numbers its rows
+_ORDERINGS = {torch.lt, torch.le, torch.gt, torch.ge, torch.Tensor.lt, torch.Tensor.le, torch.Tensor.gt,
+              torch.Tensor.ge, torch.Tensor.__lt__, torch.Tensor.__le__, torch.Tensor.__gt__, torch.Tensor.__ge__,
+              torch.less, torch.greater, torch.less_equal, torch.greater_equal}
 
 # copies and conversions of an index keep what its values mean
 _KEEP_VALUES = {torch.Tensor.clone, torch.clone, torch.Tensor.detach, torch.detach, torch.Tensor.to,

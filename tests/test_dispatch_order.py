@@ -54,6 +54,7 @@ PINNED = [
     "row_contraction",
     "row_einsum",
     "all_pairs_refused",
+    "replicated_expanded_to_rows",
     "replicated_to_rows",
     "halo_scatter",
     "per_system_reduce",

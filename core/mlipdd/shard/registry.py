@@ -75,6 +75,8 @@ PRECEDENCE: list[str] = [
     "row_contraction",
     "row_einsum",
     "all_pairs_refused",
+    # a replicated value expanded to one copy per atom or edge row (``u.expand(n_atoms, -1)``)
+    "replicated_expanded_to_rows",
     # a replicated value meeting per-rank rows in arithmetic or indexing (every layout;
     # after the sharded rules, whose predicates never accept a replicated operand first)
     "replicated_to_rows",

@@ -112,6 +112,34 @@ def enter_rows(func, meta, args, kwargs):
     return promote(out, layout)
 
 
+_EXPANSIONS = (torch.Tensor.expand, torch.Tensor.repeat, torch.broadcast_to, torch.Tensor.broadcast_to)
+
+
+def expands_to_rows(func, meta, args, kwargs) -> bool:
+    """A replicated value given a leading dim of this rank's atom or edge row count, by
+    sizes (``u.expand(h.shape[0], -1)``, MEGNet's global state fed to every atom)."""
+    x = args[0] if args else None
+    if func not in _EXPANSIONS or not is_replicated(x) or len(args) < 2:
+        return False
+    sizes = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list, torch.Size)) else args[1:]
+    rows = meta.as_rows()
+    grows = len(sizes) > x.dim() or (x.dim() > 0 and x.shape[0] == 1)
+    return bool(sizes) and grows and sizes[0] in (rows.n_padded, rows.n_edges) and rows.row_kind(sizes[0]) != "other"
+
+
+@register(Layout, *_EXPANSIONS, name="replicated_expanded_to_rows", predicate=expands_to_rows,
+          doc="A replicated value expanded to one copy per atom or edge row: to_rows first, then rows.")
+def expand_to_rows(func, meta, args, kwargs):
+    """Each copy is used by one row, so the gradients of the copies are this rank's share:
+    summed over ranks before they reach the replicated value (NOTE [replicated gradients]);
+    left replicated, the copies would be all-reduced as rows of different lengths."""
+    rows = meta.as_rows()
+    value = to_rows(local(args[0]), rows.group)
+    with torch._C.DisableTorchFunctionSubclass():
+        out = func(value, *args[1:], **kwargs)
+    return ShardTensor.wrap(out, rows)
+
+
 _PRODUCTS = (torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.Tensor.mul, torch.mul)
 
 

@@ -217,9 +217,9 @@ WRONG_MODELS = {
 
 # the strategies each wrong model is wrong under (self-loops over owned rows are exact
 # under sharded storage, which has no ghost rows)
-# NOTE [placements]: a max over a flattened per-atom tensor is a max over the atoms, which
-# the dispatch now reduces over ranks: no longer wrong, it must validate as exact
-EXACT_BY_DISPATCH = ("flattened_max",)
+# NOTE [placements]: a mean or max over a flattened per-atom tensor is one over the atoms,
+# which the dispatch now reduces over ranks: no longer wrong, they must validate as exact
+EXACT_BY_DISPATCH = ("flattened_mean", "flattened_max")
 WRONG_UNDER = {name: ("halo", "sharded") for name in WRONG_MODELS if name not in EXACT_BY_DISPATCH} | {
     "self_loops": ("halo",)}
 WRONG_CASES = [(name, strategy) for name, strategies in WRONG_UNDER.items() for strategy in strategies]

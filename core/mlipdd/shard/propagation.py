@@ -645,14 +645,17 @@ def _rank_local_integers(func, args, kwargs, out):
     return Opaque(f"`{op_name(func)}` of this rank's rows (NOTE [integer rows stay local])", None)
 
 
+def _where(func, args, kwargs, out):
+    """``torch.where(c, a, b)`` is elementwise; ``torch.where(mask)`` lists row positions."""
+    if len(args) + len(kwargs) == 1:
+        return [_rank_local_integers(func, args, kwargs, o) for o in out]
+    return pointwise(func, args, kwargs, out)
+
+
 def _fresh(func, args, kwargs, out):
     """A new tensor of a given size (``x.new_zeros(n, 3)``): rows by its row count, as a
     plain accumulator's are."""
     return
-
-
-def _same_as_input(func, args, kwargs, out):
-    return placement_of(_input(args, kwargs))
 
 
 Propagate = Callable[..., object]
@@ -719,7 +722,7 @@ _POINTWISE = _methods(
                         "clamp_min", "clamp_max", "sigmoid", "tanh", "relu", "masked_fill", "fill", "zero",
                         "copy", "sin", "cos", "square", "reciprocal", "nan_to_num", "addcmul", "addcdiv",
                         "clip", "floor", "ceil", "round", "sign", "erf", "lerp")],
-    "where", "clone", "detach", "detach_", "contiguous", "to", "type", "type_as", "double", "float", "half",
+    "clone", "detach", "detach_", "contiguous", "to", "type", "type_as", "double", "float", "half",
     "bfloat16", "long", "int", "bool", "short", "byte", "cpu", "cuda", "requires_grad_", "retain_grad",
     "zeros_like", "ones_like", "full_like", "empty_like", "rand_like", "randn_like",
     "pin_memory", "record_stream", "real", "imag", "conj", "angle", "polar", "complex",
@@ -789,6 +792,7 @@ def _register_defaults() -> None:
     _table(_index_select, torch.index_select, torch.Tensor.index_select)
     _table(_gather, torch.gather, torch.Tensor.gather, torch.take_along_dim, torch.Tensor.take_along_dim)
     _table(_grad, torch.autograd.grad)
+    _table(_where, torch.where)
     _table(_fresh, torch.Tensor.new_zeros, torch.Tensor.new_ones, torch.Tensor.new_empty, torch.Tensor.new_full,
            torch.Tensor.new_tensor)
     _table(_rank_local_integers, torch.bincount, torch.Tensor.bincount, torch.unique, torch.Tensor.unique,

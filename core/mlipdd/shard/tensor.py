@@ -154,10 +154,7 @@ def promote(out, meta: ShardMeta, place=None):
         return ShardTensor.wrap(out, meta, place)
     if isinstance(out, (tuple, list)):
         places = place if isinstance(place, list) else [place] * len(out)
-        items = [promote(o, meta, p) for o, p in zip(out, places)]
-        if hasattr(out, "_fields"):  # torch.return_types (values, indices)
-            return type(out)(items)
-        return type(out)(items)
+        return type(out)([promote(o, meta, p) for o, p in zip(out, places)])
     return out
 
 

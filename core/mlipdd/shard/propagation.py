@@ -419,19 +419,12 @@ def _unsqueeze(func, args, kwargs, out):
     return p.moved(p.dim + (d <= p.dim))
 
 
-def _squeeze_dims(x, args, kwargs):
-    d = _arg(args, kwargs, 1, "dim")
-    if d is None:
-        return None
-    return _dims(x, d)
-
-
 def _squeeze(func, args, kwargs, out):
     x = _input(args, kwargs)
     p = placement_of(x)
     if p.dim is None:
         return p
-    dims = _squeeze_dims(x, args, kwargs)
+    dims = _dims(x, _arg(args, kwargs, 1, "dim"))
     removed = [d for d in range(x.dim()) if x.shape[d] == 1 and (dims is None or d in dims)]
     if p.dim in removed:
         raise NoRuleError(
@@ -635,7 +628,10 @@ def _gather(func, args, kwargs, out):
 
 
 def _grad(func, args, kwargs, out):
-    return None  # handled in output_placement: each gradient is placed like its input
+    """torch.autograd.grad: each gradient is placed like the input it is taken by."""
+    inputs = args[1] if len(args) > 1 else kwargs["inputs"]
+    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    return [placement_of(i) if getattr(i, "_meta", None) is not None else None for i in inputs]
 
 
 def _rank_local_integers(func, args, kwargs, out):
@@ -738,7 +734,8 @@ _READS: set = set()  # rules that read a plain table by a row index themselves
 
 
 def _register_defaults() -> None:
-    _READS.update({_getitem, _put, _scatter_without_rule, _index_select, _gather, _embedding, _matmul, _tensordot, _einsum})
+    _READS.update({_getitem, _put, _scatter_without_rule, _index_select, _gather, _embedding, _matmul, _tensordot,
+                   _einsum, _grad})
     _table(pointwise, *_POINTWISE)
     _table(reduction(), torch.sum, torch.Tensor.sum, torch.mean, torch.Tensor.mean, torch.nansum,
            torch.Tensor.nansum, torch.nanmean, torch.Tensor.nanmean, torch.prod, torch.Tensor.prod,

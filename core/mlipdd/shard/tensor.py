@@ -20,7 +20,7 @@ import torch
 from mlipdd.shard import registry
 from mlipdd.shard.exchange import ExchangePlan, halo_fill
 from mlipdd.shard.layouts import HALO, Layout, Replicated
-from mlipdd.shard.placement import ATOMS, EDGES, Rows, placement_of
+from mlipdd.shard.placement import ATOMS, EDGES, Rows
 from mlipdd.shard.propagation import output_placement
 
 
@@ -206,21 +206,13 @@ class ShardTensor(torch.Tensor):
         if meta.layout.is_replicated() or not meta.layout.is_checked():
             return promote(out, meta)
         # NOTE [refuse by default]: rows without a rule get a placement, or the op is refused
-        place = output_placement(func, args, kwargs, out)
-        if func is torch.autograd.grad:
-            place = [placement_of(i) for i in _grad_inputs(args, kwargs)]
-        return promote(out, meta, place)
+        return promote(out, meta, output_placement(func, args, kwargs, out))
 
 
 def _holds_tensors(out) -> bool:
     if isinstance(out, torch.Tensor):
         return True
     return isinstance(out, (tuple, list)) and any(isinstance(o, torch.Tensor) for o in out)
-
-
-def _grad_inputs(args, kwargs):
-    inputs = args[1] if len(args) > 1 else kwargs["inputs"]
-    return (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
 
 
 # Results that describe a tensor rather than hold rows of it.

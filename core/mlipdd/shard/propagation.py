@@ -335,6 +335,19 @@ def _tensordot(func, args, kwargs, out):
 
 
 # ---- shapes ---------------------------------------------------------------------------------
+def _known_rows(rule):
+    """A rule for rows of ``args[0]`` on a known dim (opaque rows whose dim was lost stay so);
+    ``rule(func, args, kwargs, out, x, place)``."""
+
+    def propagate(func, args, kwargs, out):
+        x = _input(args, kwargs)
+        place = placement_of(x)
+        return place if place.dim is None else rule(func, args, kwargs, out, x, place)
+
+    return propagate
+
+
+
 def _reshaped(p: Rows, old: tuple, new: tuple):
     """Where rows go under a row-major reshape ``old -> new``, or Opaque."""
     if p.dim is None:
@@ -383,21 +396,15 @@ def _transpose(func, args, kwargs, out):
     return p.moved(d1 if p.dim == d0 else d0 if p.dim == d1 else p.dim)
 
 
-def _permute(func, args, kwargs, out):
-    x = _input(args, kwargs)
-    p = placement_of(x)
-    if p.dim is None:
-        return p
+@_known_rows
+def _permute(func, args, kwargs, out, x, p):
     order = [_norm_dim(d, x.dim()) for d in _shape_arg(args, kwargs)] if not kwargs.get("dims") else \
         [_norm_dim(d, x.dim()) for d in kwargs["dims"]]
     return p.moved(order.index(p.dim))
 
 
-def _movedim(func, args, kwargs, out):
-    x = _input(args, kwargs)
-    p = placement_of(x)
-    if p.dim is None:
-        return p
+@_known_rows
+def _movedim(func, args, kwargs, out, x, p):
     src, dst = _arg(args, kwargs, 1, "source"), _arg(args, kwargs, 2, "destination")
     src = [src] if isinstance(src, int) else list(src)
     dst = [dst] if isinstance(dst, int) else list(dst)
@@ -410,20 +417,14 @@ def _movedim(func, args, kwargs, out):
     return p.moved(order.index(p.dim))
 
 
-def _unsqueeze(func, args, kwargs, out):
-    x = _input(args, kwargs)
-    p = placement_of(x)
-    if p.dim is None:
-        return p
+@_known_rows
+def _unsqueeze(func, args, kwargs, out, x, p):
     d = _norm_dim(_arg(args, kwargs, 1, "dim"), x.dim() + 1)
     return p.moved(p.dim + (d <= p.dim))
 
 
-def _squeeze(func, args, kwargs, out):
-    x = _input(args, kwargs)
-    p = placement_of(x)
-    if p.dim is None:
-        return p
+@_known_rows
+def _squeeze(func, args, kwargs, out, x, p):
     dims = _dims(x, _arg(args, kwargs, 1, "dim"))
     removed = [d for d in range(x.dim()) if x.shape[d] == 1 and (dims is None or d in dims)]
     if p.dim in removed:

@@ -173,6 +173,10 @@ def agree_on_errors(error: BaseException | None, group=None) -> None:
     messages = all_gather_objects(mine, group)
     rank, (kind, text, is_input) = next((r, m) for r, m in enumerate(messages) if m is not None)
     if error is not None and rank == group_rank(group):
+        # every rank raises now, in step, with the group intact: `fail_together` must not
+        # tear the group down for it (rank 0 did, the peers did not: a caller that caught
+        # the refusal and went on hung at its next collective)
+        error.raised_on_every_rank = True
         raise error
     cls = DistributedInputError if is_input else RemoteRankError
     raise cls(f"rank {rank} failed: {kind}: {text}")

@@ -76,6 +76,7 @@ class DistributedModel(nn.Module):
                 f"{model.cutoff}; ghosts would be missing: use DomainConfig(cutoff=model.cutoff)"
             )
         self.strategy = strategy_cls.from_config(config, group)
+        self._world_size = group_size(group)  # as built: group_size reads 1 once the group is gone
         self.strategy.use_spec(self.spec)
         self.last_padded: Batch | None = None
         self._calls = 0  # NOTE [deferred checks]
@@ -112,11 +113,27 @@ class DistributedModel(nn.Module):
         if device is None:
             tensor = next(iter([*self.model.parameters(), *self.model.buffers()]), None)
             device = tensor.device if tensor is not None else nccl_device(self.group)
+        self._require_group()
         with fail_together(self.group):
             check_together(_check_full_system, full, group_rank(self.group) == 0, group=self.group)
             return self.strategy.partition(full, device)
 
+    def _require_group(self) -> None:
+        # NOTE [after a refused call]: a refusal that every rank agrees on (bad input at
+        # partition or at a forward's checks) leaves the group intact, so each rank may
+        # catch it and call again. An error inside the model's forward cannot be agreed on
+        # (the peers may wait in a collective): `fail_together` tears the group down on
+        # EVERY rank; then every rank stops here, with the same words, instead of running
+        # as a lone process or failing in torch's "not initialized".
+        if self._world_size > 1 and not torch.distributed.is_initialized():
+            raise RuntimeError(
+                f"this DistributedModel ran on {self._world_size} ranks, and their process group "
+                "was torn down on every rank when an earlier call failed inside the model (that error "
+                "said why); start a new process group and build a new DistributedModel to go on"
+            )
+
     def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
+        self._require_group()
         with fail_together(self.group):
             # NOTE [deferred checks]: a check read on the host stalls the device queue, so
             # in the steady state the inputs and outputs are checked on the first call and

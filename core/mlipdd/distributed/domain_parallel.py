@@ -85,21 +85,6 @@ class DomainParallel(OnGroup):
                     "config=DomainConfig(cutoff=model.cutoff)"
                 )
             distributed = DistributedModel(model, config, spec=spec, group=group)
-        if distributed.config.cuda_graph:
-            # NOTE [cuda_graph under DomainParallel]: the graphed call is verified with
-            # DistributedModel in a caller's own loop (tests/test_cuda_graph.py, on an H200);
-            # a one-rank `mlipdd run` through DomainParallel with it did not finish a 30-step
-            # run on the GPU machine within 100 s. The same loop with the capture replaced by
-            # eager calls (mlipdd.testing.graph_replay) runs 30 steps with 2 captures on CPU, so
-            # the suspect is the capture itself next to a process group: a global-mode capture
-            # (torch.cuda.graph's default) forbids CUDA calls from other threads, such as NCCL's
-            # watchdog polling its events; capture_error_mode="thread_local" in
-            # GraphedForceCall._record is the first thing to try on a GPU. Refused until then.
-            raise InputError(
-                "DomainConfig(cuda_graph=True) is not supported under DomainParallel yet; call the "
-                "graphed DistributedModel from your own MD loop (see the README, 'CUDA graphs'), or "
-                "use cuda_graph=False here"
-            )
         self.dynamics = dynamics
         self.model = distributed
         self.config = distributed.config

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
 import os
+import pickle
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,12 +26,14 @@ from typing import Any, NamedTuple
 import pluggy
 
 from mlipdd import hookspecs
+from mlipdd.data import InputError
 from mlipdd.hookspecs import PROJECT_NAME, hookimpl
 
 __all__ = [
     "AUTOLOAD_ENV_VAR",
     "ENTRY_POINT_GROUP",
     "DuplicateRegistrationError",
+    "ModelArgumentError",
     "PluginError",
     "UnknownNameError",
     "create_model",
@@ -68,6 +72,10 @@ class DuplicateRegistrationError(PluginError):
 
 class UnknownNameError(PluginError, LookupError):
     """A model or preset name that no loaded plugin registered."""
+
+
+class ModelArgumentError(PluginError, InputError):
+    """A model factory given arguments it does not take or cannot use (bad input)."""
 
 
 class ModelEntry(NamedTuple):
@@ -370,11 +378,55 @@ def unregister_plugin(name: str) -> None:
 
 
 def create_model(name: str, **kwargs: Any):
-    """Build the model registered as ``name``; ``kwargs`` go to its factory."""
+    """Build the model registered as ``name``; ``kwargs`` go to its factory.
+
+    An argument the factory does not take, or a factory that refuses its arguments (a
+    value of the wrong type, a missing or unreadable model file), is a `ModelArgumentError`
+    naming the model, the arguments and the factory's own message: bad input, not a bug.
+    """
     reg = registry()
     if name not in reg.models:
         raise UnknownNameError(_unknown_message("model", name, reg.models, reg))
-    return reg.models[name].factory(**kwargs)
+    factory = reg.models[name].factory
+    _check_argument_names(name, factory, kwargs)
+    try:
+        return factory(**kwargs)
+    except InputError:
+        raise  # already says what is wrong and how to fix it
+    except _FACTORY_REFUSALS as exc:
+        given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "no arguments"
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        # a file that exists but does not load is most often not a model file at all
+        files = [v for v in kwargs.values() if isinstance(v, (str, os.PathLike)) and os.path.isfile(v)]
+        hint = f" (is {str(files[0])!r} a model file that {name!r} reads, whole?)" if files else ""
+        raise ModelArgumentError(
+            f"model {name!r} could not be built from {given}: {type(exc).__name__}: {first_line}{hint}"
+        ) from exc
+
+
+# What a factory raises for arguments it cannot use: a bad value (TypeError, ValueError),
+# a missing or unreadable file (OSError), a corrupt one (torch.load / pickle: EOFError,
+# UnpicklingError, RuntimeError from the zip reader, KeyError), a missing upstream package.
+_FACTORY_REFUSALS = (
+    TypeError, ValueError, OSError, EOFError, pickle.UnpicklingError, RuntimeError, KeyError, ImportError,
+)
+
+
+def _check_argument_names(name: str, factory: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """Refuse a keyword the factory's signature lacks, listing the ones it takes."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: let the call decide
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    accepted = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        raise ModelArgumentError(
+            f"model {name!r} takes no argument {', '.join(map(repr, unknown))}; "
+            f"its arguments are {', '.join(accepted) or '(none)'}"
+        )
 
 
 def get_preset(name: str) -> object:

@@ -21,6 +21,7 @@ import torch
 
 from mlipdd.app.defaults import default_temperature, default_timestep, timestep_warning
 from mlipdd.app.ensembles import ENSEMBLES, OPTIMISERS, build_dynamics
+from mlipdd.app.setting_checks import check_device, check_setting_types
 from mlipdd.data import Batch, InputError
 from mlipdd.dynamics.hooks import ProgressBar, ThermoLogger, TrajectoryWriter
 from mlipdd.dynamics.velocities import initialize_velocities
@@ -86,7 +87,7 @@ class RunConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise InputError(f"unknown run setting(s) {unknown}; known settings: {sorted(known)}")
-        return cls(**values).checked()
+        return cls(**check_setting_types(cls, values)).checked()
 
     def checked(self) -> RunConfig:
         if self.ensemble not in ENSEMBLES:
@@ -122,6 +123,7 @@ class RunConfig:
             raise InputError(f"balance must be count or time (or left out), got {self.balance!r}")
         if self.progress not in ("auto", "on", "off"):
             raise InputError(f"progress must be auto, on or off, got {self.progress!r}")
+        check_device(self.device)
         return self
 
     def resolved_device(self) -> torch.device:

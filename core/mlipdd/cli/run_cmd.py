@@ -64,6 +64,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add("--model", default=s, help=f"registered model name (default {d.model})")
     add(
         "--model-arg",
+        "--model-args",  # the config file's spelling (model_args) works as a flag too
         dest="model_arg",
         action="append",
         default=s,
@@ -157,7 +158,10 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise InputError(f"config file {str(path)!r} does not exist")
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"config file {path} is not valid JSON: {exc}") from None
     else:
         try:
             import yaml
@@ -165,7 +169,13 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             raise InputError(
                 f"reading {path.name} needs PyYAML (pip install pyyaml); or write the config as JSON"
             ) from None
-        data = yaml.safe_load(text)
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            where = getattr(exc, "problem_mark", None)
+            at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+            problem = getattr(exc, "problem", None) or type(exc).__name__
+            raise InputError(f"config file {path} is not valid YAML{at}: {problem}") from None
     if not isinstance(data, dict):
         raise InputError(
             f"config file {path} must hold a mapping of settings, got {type(data).__name__}"
@@ -186,6 +196,23 @@ def parse_model_args(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def _config_model_args(settings: dict[str, Any]) -> dict[str, Any]:
+    """The config file's ``model_args`` (a mapping, the documented name); ``model_arg``,
+    the flag's spelling, is accepted too, as a mapping or a list of KEY=VALUE strings."""
+    merged: dict[str, Any] = {}
+    for key in ("model_arg", "model_args"):
+        value = settings.pop(key, None)
+        if value is None:
+            continue
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            value = parse_model_args(value)
+        if not isinstance(value, dict):
+            raise InputError(f"setting {key}: {value!r} is not a mapping of model arguments; "
+                             "e.g. model_args: {cutoff: 6.0}")
+        merged.update(value)
+    return merged
+
+
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """Defaults < config file < flags; ``model_args`` merge key by key."""
     given = {k: v for k, v in vars(args).items() if k not in ("func", "json")}
@@ -194,7 +221,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         settings.update(
             {str(k).replace("-", "_"): v for k, v in load_config_file(given.pop("config")).items()}
         )
-    model_args = dict(settings.pop("model_args", None) or {})
+    model_args = _config_model_args(settings)
     model_args.update(parse_model_args(given.pop("model_arg", [])))
     settings.update(given)
     settings["model_args"] = model_args

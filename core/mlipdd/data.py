@@ -286,6 +286,7 @@ class AtomicData(Batch):
 
     @classmethod
     def from_ase(cls, atoms, dtype=torch.float64, device=None) -> AtomicData:
+        _check_elements(np.asarray(atoms.get_atomic_numbers()))  # before ASE's mass table lookup
         d = cls(
             positions=torch.as_tensor(atoms.get_positions(), dtype=dtype),
             atomic_numbers=atoms.get_atomic_numbers(),
@@ -387,6 +388,38 @@ def validate_batch(batch: Batch, require: Iterable[str] = ()) -> None:
                 )
     if batch.atomic_masses is not None and (batch.atomic_masses <= 0).any():
         raise InputError("atomic masses must be positive; leave them out to use standard masses")
+    check_no_overlaps(batch)
+
+
+# Atoms this close are one atom placed twice (a duplicated site, a bad merge of two
+# structures), never chemistry: the shortest bond (H2) is 0.74 A. Models give NaN at
+# distance 0 (a direction of a zero vector), and at two ranks the NaN surfaced as a
+# misleading "dropped scatter rebind" message.
+OVERLAP_DISTANCE = 0.01
+
+
+def check_no_overlaps(batch: Batch, distance: float = OVERLAP_DISTANCE) -> None:
+    """Raise `InputError` naming two atoms (ids, periodic images included) closer than
+    ``distance`` Angstrom. A neighbour list of that radius: linear in the atoms."""
+    from mlipdd.neighbors import build_neighbor_list
+
+    if batch.num_atoms < 2 and not bool(batch.pbc.any()):
+        return
+    pairs = build_neighbor_list(batch, distance, full_list=False)
+    if pairs.num_edges == 0:
+        return
+    plain = [t.detach().as_subclass(torch.Tensor) for t in (batch.positions, batch.cell, batch.atom_ids)]
+    pos, cell, ids = plain  # a ShardTensor's local rows: the ids name the atoms
+    i, j = (int(x) for x in pairs.edge_index[:, 0])
+    shift = pairs.unit_shifts[0].to(pos.dtype) @ cell[int(batch.batch[j])]
+    d = float((pos[j] + shift - pos[i]).norm())
+    image = "" if not bool(pairs.unit_shifts[0].any()) else " (a periodic image)"
+    more = f"; {pairs.num_edges} such pairs in all" if pairs.num_edges > 1 else ""
+    raise InputError(
+        f"atoms {int(ids[i])} and {int(ids[j])}{image} overlap: {d:.3g} A apart, closer than "
+        f"{distance} A{more}. The structure has an atom placed twice; remove the duplicate "
+        "(ase.geometry.get_duplicate_atoms(atoms, delete=True)) or fix how it was built"
+    )
 
 
 def check_inside_box(batch: Batch, tol: float = 1e-9) -> None:

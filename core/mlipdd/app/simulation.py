@@ -22,6 +22,7 @@ import torch
 from mlipdd.app.defaults import default_temperature, default_timestep, timestep_warning
 from mlipdd.app.ensembles import ENSEMBLES, OPTIMISERS, build_dynamics
 from mlipdd.app.setting_checks import check_device, check_setting_types
+from mlipdd.app.structure import read_structure as _read_structure
 from mlipdd.data import Batch, InputError
 from mlipdd.dynamics.hooks import ProgressBar, ThermoLogger, TrajectoryWriter
 from mlipdd.dynamics.velocities import initialize_velocities
@@ -49,6 +50,7 @@ class RunConfig:
     model_args: dict[str, Any] = field(default_factory=dict)
     system: str = "fcc_argon"  # a built-in name (mlipdd.lattices.SYSTEMS) or a structure file
     size: int | None = None  # cells per axis (built-ins) or repeats of the file's cell
+    frame: int | None = None  # which frame of a --system file (None: the first, said if several)
     ensemble: str = "nvt"
     steps: int = 100
     dt: float | None = None  # fs; None: from the system (5 noble gases, 0.5 with H, else 1)
@@ -150,7 +152,7 @@ def build_structure(cfg: RunConfig) -> Batch:
     dtype, device = DTYPES[cfg.dtype], cfg.resolved_device()
     if cfg.system in SYSTEMS:
         return build_builtin(cfg.system, size=cfg.size, temperature=None, dtype=dtype, device=device)
-    return _read_structure(Path(cfg.system), cfg.size, dtype, device)
+    return _read_structure(Path(cfg.system), cfg.size, dtype, device, cfg.frame)
 
 
 def prepare_system(cfg: RunConfig) -> tuple[RunConfig, Batch, Any]:
@@ -196,21 +198,6 @@ def with_system_defaults(cfg: RunConfig, batch: Batch) -> RunConfig:
         temperature=float(cfg.temperature) if cfg.temperature is not None
         else default_temperature(species),
     )
-
-
-def _read_structure(path: Path, size: int | None, dtype, device) -> Batch:
-    import ase.io
-
-    from mlipdd.lattices import SYSTEMS
-
-    if not path.is_file():
-        raise InputError(
-            f"system {str(path)!r} is neither a built-in ({sorted(SYSTEMS)}) nor an existing file"
-        )
-    atoms = ase.io.read(str(path), index=-1)  # the last frame: restarting from a trajectory works
-    if size is not None and int(size) > 1:
-        atoms = atoms.repeat([int(size) if p else 1 for p in atoms.pbc])
-    return Batch.from_ase(atoms, dtype=dtype, device=device)
 
 
 def default_hooks(cfg: RunConfig, thermo_stream=None) -> list:

@@ -76,6 +76,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add("--system", default=s, help=f"a built-in system ({', '.join(sorted(SYSTEMS))}) or a "
         f"structure file ASE reads (.xyz, .extxyz, .cif, POSCAR, ...); default {d.system}")
     add("--size", type=int, default=s, help="cells per axis (built-ins) or cell repeats (files)")
+    add("--frame", type=int, default=s, metavar="N",
+        help="which frame of a multi-frame --system file (default: the first; -1: the last)")
     add("--ensemble", choices=tuple(ENSEMBLES), default=s, metavar="NAME",
         help="; ".join(f"{name}: {text}" for name, text in ENSEMBLES.items())
         + f" (default {d.ensemble})")

@@ -180,11 +180,12 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
     # agreed (a collective): a rank that fails at once must not leave before its peers have
     # joined the group, or they die in the rendezvous with a transport error instead of this
     check_together(cfg.checked)
-    model = check_together(build_model, cfg)
-    # rank 0 builds (or reads) the system and fills in its defaults; every rank runs with them
+    # rank 0 builds (or reads) the system and fills in its defaults; every rank runs with
+    # them, the model included (a restart's is the checkpoint's: mlipdd.app.restart)
     prepared = compute_on_rank0(prepare_system, cfg)
     cfg = broadcast_object(None if prepared is None else prepared[0])
     full = None if prepared is None else prepared[1]
+    model = check_together(build_model, cfg)
     hooks = default_hooks(cfg, thermo_stream)
     dynamics = build_dynamics(cfg, model)
     config = check_together(

@@ -46,22 +46,24 @@ __all__ = ["ENSEMBLES", "RunConfig", "build_dynamics", "format_summary", "run_si
 class RunConfig:
     """Every setting of a run; the defaults are the built-in demo (LJ argon, NVT, 94 K)."""
 
-    model: str = "lj"
+    # None: unset; a restart takes it from the checkpoint, else `UNSET_DEFAULTS` fills it
+    model: str | None = None  # default lj
     model_args: dict[str, Any] = field(default_factory=dict)
-    system: str = "fcc_argon"  # a built-in name (mlipdd.lattices.SYSTEMS) or a structure file
+    system: str | None = None  # a built-in (mlipdd.lattices.SYSTEMS) or a file; fcc_argon
     size: int | None = None  # cells per axis (built-ins) or repeats of the file's cell
     frame: int | None = None  # which frame of a --system file (None: the first, said if several)
-    ensemble: str = "nvt"
+    ensemble: str | None = None  # default nvt
     steps: int = 100
     dt: float | None = None  # fs; None: from the system (5 noble gases, 0.5 with H, else 1)
     temperature: float | None = None  # K; None: from the system (94 noble gases, else 300)
-    friction: float = 0.01  # 1/fs
-    pressure: float = 1.0  # bar (npt, nph)
+    friction: float | None = None  # 1/fs; default 0.01
+    pressure: float | None = None  # bar (npt, nph); default 1
     tdamp: float | None = None  # fs, thermostat time constant (nh, npt); None: 100 dt
     pdamp: float | None = None  # fs, barostat time constant (npt, nph); None: 1000 dt
     fmax: float = 0.05  # eV/A, convergence of fire / fire2
     restart: str | None = None  # continue from this checkpoint (any number of ranks)
-    seed: int = 0
+    restart_allow_model_change: bool = False  # a restart may use another model (mlipdd.app.restart)
+    seed: int | None = None  # default 0
     trajectory: str | None = None
     trajectory_every: int = 10
     log_every: int = 10  # 0: no thermo lines
@@ -82,6 +84,12 @@ class RunConfig:
     checkpoint_every: int = 1000
     balance: str | None = None  # None: uniform cut planes; "count" / "time": see DomainConfig
 
+    def with_defaults(self) -> RunConfig:
+        """Unset settings (None) that do not depend on the system filled with `UNSET_DEFAULTS`."""
+        return dataclasses.replace(
+            self, **{k: v for k, v in UNSET_DEFAULTS.items() if getattr(self, k) is None}
+        )
+
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
         known = {f.name for f in dataclasses.fields(cls)}
@@ -92,11 +100,11 @@ class RunConfig:
         return cls(**check_setting_types(cls, values)).checked()
 
     def checked(self) -> RunConfig:
-        if self.ensemble not in ENSEMBLES:
+        if self.ensemble is not None and self.ensemble not in ENSEMBLES:
             raise InputError(f"ensemble {self.ensemble!r} is not one of {tuple(ENSEMBLES)}")
         if self.strategy not in ("auto", *strategy_names()):
             raise InputError(f"strategy {self.strategy!r} is not one of {['auto', *strategy_names()]}")
-        for name in ("dt", "temperature", "tdamp", "pdamp", "fmax"):
+        for name in ("dt", "temperature", "tdamp", "pdamp", "fmax", "friction"):
             value = getattr(self, name)
             if value is not None and not float(value) > 0:
                 raise InputError(f"{name} must be positive, got {value}")
@@ -134,13 +142,21 @@ class RunConfig:
         return torch.device(self.device)
 
 
+# what an unset setting becomes when no checkpoint gives it (dt and temperature: the system's)
+UNSET_DEFAULTS = {
+    "model": "lj", "system": "fcc_argon", "ensemble": "nvt", "seed": 0, "friction": 0.01,
+    "pressure": 1.0,
+}
+
+
 def build_model(cfg: RunConfig):
     from mlipdd.plugins import create_model
 
+    name = cfg.model or UNSET_DEFAULTS["model"]
     args = dict(cfg.model_args)
-    if cfg.model == "lj":
+    if name == "lj":
         args = {**ARGON_LJ, **args}
-    model = create_model(cfg.model, **args)
+    model = create_model(name, **args)
     return model.to(device=cfg.resolved_device(), dtype=DTYPES[cfg.dtype])
 
 
@@ -150,27 +166,31 @@ def build_structure(cfg: RunConfig) -> Batch:
     from mlipdd.lattices import build_system as build_builtin
 
     dtype, device = DTYPES[cfg.dtype], cfg.resolved_device()
-    if cfg.system in SYSTEMS:
-        return build_builtin(cfg.system, size=cfg.size, temperature=None, dtype=dtype, device=device)
-    return _read_structure(Path(cfg.system), cfg.size, dtype, device, cfg.frame)
+    system = cfg.system or UNSET_DEFAULTS["system"]
+    if system in SYSTEMS:
+        return build_builtin(system, size=cfg.size, temperature=None, dtype=dtype, device=device)
+    return _read_structure(Path(system), cfg.size, dtype, device, cfg.frame)
 
 
 def prepare_system(cfg: RunConfig) -> tuple[RunConfig, Batch, Any]:
-    """The starting batch, the settings with system-dependent defaults filled in, and the
-    checkpoint when restarting (else None). Velocities are drawn at the temperature
-    unless the structure (or checkpoint) has some; optimisers start at rest."""
-    checkpoint = None
-    if cfg.restart:
-        from mlipdd.distributed.checkpoint import load_checkpoint
+    """The starting batch, the settings with every default filled in, and the checkpoint
+    when restarting (else None). Velocities are drawn at the temperature unless the
+    structure (or checkpoint) has some; optimisers start at rest.
 
-        checkpoint = load_checkpoint(cfg.restart, device=cfg.resolved_device())
+    Unset settings come from the restart's checkpoint (its model, system, ensemble, dt,
+    temperature, seed, ...; a model or system other than its own is refused, see
+    `mlipdd.app.restart`), then from `UNSET_DEFAULTS` and the system. So build the model
+    from the settings this returns."""
+    from mlipdd.app.restart import check_trajectory_continues, read_restart, settings_from_checkpoint
+
+    checkpoint = read_restart(cfg)
+    if checkpoint is not None:
+        cfg = settings_from_checkpoint(cfg, checkpoint)
+    cfg = cfg.with_defaults()
+    if checkpoint is not None:
+
+        check_trajectory_continues(cfg, checkpoint.step)
         batch = checkpoint.batch.to(dtype=DTYPES[cfg.dtype])
-        state = checkpoint.dynamics_state  # the run continues with its own dt and temperature
-        cfg = dataclasses.replace(
-            cfg,
-            dt=cfg.dt if cfg.dt is not None else state.get("dt_fs"),
-            temperature=cfg.temperature if cfg.temperature is not None else state.get("temperature_K"),
-        )
     else:
         batch = build_structure(cfg)
     cfg = with_system_defaults(cfg, batch)
@@ -214,12 +234,16 @@ def default_hooks(cfg: RunConfig, thermo_stream=None) -> list:
     echo = progress.write if progress is not None else None
     hooks: list = [ThermoLogger(output, frequency=frequency, csv_path=cfg.thermo_csv, echo=echo)]
     if cfg.trajectory:
-        hooks.append(TrajectoryWriter(cfg.trajectory, frequency=cfg.trajectory_every))
+        # a restart continues the file (NOTE [trajectory of a restart] in mlipdd.app.restart)
+        hooks.append(TrajectoryWriter(cfg.trajectory, frequency=cfg.trajectory_every,
+                                      append=bool(cfg.restart)))
     if cfg.checkpoint:
         # app-level wiring: the writer also serves a plain integrator (one process)
+        from mlipdd.app.restart import run_record
         from mlipdd.distributed.checkpoint import CheckpointWriter
 
-        hooks.append(CheckpointWriter(cfg.checkpoint, frequency=cfg.checkpoint_every))
+        hooks.append(CheckpointWriter(cfg.checkpoint, frequency=cfg.checkpoint_every,
+                                      run=run_record(cfg)))
     if progress is not None:
         hooks.append(progress)
     return hooks
@@ -231,8 +255,9 @@ def run_simulation(
     """Build everything from ``config``, run it, and return a summary dict (see `format_summary`)."""
     cfg = config if isinstance(config, RunConfig) else RunConfig.from_mapping(config or {})
     cfg.checked()
-    model = build_model(cfg)
+    # the settings first: the model of a restart is the checkpoint's
     cfg, batch, checkpoint = prepare_system(cfg)
+    model = build_model(cfg)
     hooks = default_hooks(cfg, thermo_stream)
     dyn = build_dynamics(cfg, model, hooks)
     if checkpoint is not None:

@@ -57,7 +57,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The run flags. Defaults are SUPPRESSed so that only flags actually given override
     the config file; the real defaults live in `RunConfig`."""
-    d = RunConfig()
+    d = RunConfig().with_defaults()
     add = parser.add_argument
     s = argparse.SUPPRESS
     add("--config", default=s, metavar="FILE", help="YAML or JSON file with run settings")
@@ -110,7 +110,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add("--thermo-csv", default=s, metavar="PATH",
         help="also write the thermo records as CSV (mlipdd plot draws them)")
     add("--restart", default=s, metavar="FILE",
-        help="continue from a checkpoint (written by --checkpoint), on any number of ranks")
+        help="continue from a checkpoint (written by --checkpoint), on any number of ranks, "
+        "with its model, system, ensemble, dt, temperature and seed unless given; appends to "
+        "--trajectory")
+    add("--restart-allow-model-change", action="store_true", default=s,
+        help="let --restart continue with another model (or changed weights) than the checkpoint's")
     add("--dtype", choices=sorted(DTYPES), default=s, help=f"default {d.dtype}")
     add("--device", default=s, help="cpu, cuda, cuda:1, ... (default: cuda when available)")
     add("--skin", type=float, default=s, help=f"neighbour-list skin in A (default {d.skin})")

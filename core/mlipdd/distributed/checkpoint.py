@@ -11,7 +11,11 @@ What a restart needs to continue the *same* trajectory:
   Langevin noise: the noise is a pure function of seed, step and atom id, so there is no
   generator state to save), thermostat / barostat variables, the bath-energy ledger;
 * the integrator's settings (dt, temperature, seed, ...), recorded only to tell the user
-  when the restarted script's differ: the script's win (`restore_dynamics`).
+  when the restarted script's differ: the script's win (`restore_dynamics`);
+* optionally the ``run`` record of the application that wrote it (``mlipdd run``: the
+  model's name, arguments and weights files with their sha256, the system's source and
+  the ensemble), so a restart continues with that model and refuses another one
+  (`mlipdd.app.restart`). The library itself never reads it.
 
 The file is written by one process (rank 0) to a temporary name in the same folder,
 synced, then renamed over the target, so a reader sees the old or the new checkpoint,
@@ -68,6 +72,7 @@ class Checkpoint:
     dynamics_state: dict[str, Any]
     world_size: int  # ranks of the run that wrote it (informational)
     dynamics_settings: dict[str, Any] = field(default_factory=dict)  # dt, temperature, ...
+    run: dict[str, Any] = field(default_factory=dict)  # the writer's record (model, system)
 
     @property
     def step(self) -> int:
@@ -177,7 +182,9 @@ def _show(value) -> str:
 
 
 # ---- the file -----------------------------------------------------------------------------
-def checkpoint_payload(full: Batch, dynamics, world_size: int = 1) -> dict[str, Any]:
+def checkpoint_payload(
+    full: Batch, dynamics, world_size: int = 1, run: dict[str, Any] | None = None
+) -> dict[str, Any]:
     node = {k: v for k, v in full.node.items() if k not in _DERIVED_NODE and torch.is_tensor(v)}
     if "image" not in node:  # a single-process run never wraps: zero crossings
         node["image"] = torch.zeros_like(full.positions, dtype=torch.long)
@@ -191,6 +198,7 @@ def checkpoint_payload(full: Batch, dynamics, world_size: int = 1) -> dict[str, 
         "dynamics_class": type(_integrator(dynamics)).__name__,
         "dynamics_state": dynamics_state(dynamics),
         "dynamics_settings": dynamics_settings(dynamics),
+        "run": dict(run or {}),
     }
 
 
@@ -288,13 +296,15 @@ def remove_leftover_temporaries(path: str | Path) -> list[Path]:
     return removed
 
 
-def save_checkpoint(path: str | Path, full: Batch, dynamics, world_size: int = 1) -> Path:
+def save_checkpoint(
+    path: str | Path, full: Batch, dynamics, world_size: int = 1, run: dict[str, Any] | None = None
+) -> Path:
     """Write the full system ``full`` (id order) and ``dynamics``' state; single process.
 
     Under domain decomposition use `DomainParallel.save_checkpoint` (collective) or a
     `CheckpointWriter` hook, which gather the system to rank 0 first.
     """
-    return write_atomically(checkpoint_payload(full, dynamics, world_size), path)
+    return write_atomically(checkpoint_payload(full, dynamics, world_size, run), path)
 
 
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
@@ -413,7 +423,16 @@ def load_checkpoint(path: str | Path, device=None) -> Checkpoint:
         data["dynamics_state"],
         int(data["world_size"]),
         data.get("dynamics_settings") or {},
+        _run_record(path, data.get("run")),
     )
+
+
+def _run_record(path: Path, record) -> dict[str, Any]:
+    if record is None:  # written without one (the library, or before records existed)
+        return {}
+    if not isinstance(record, dict):
+        raise _damaged(path, f"its field 'run' is a {type(record).__name__}, not a dict")
+    return record
 
 
 class CheckpointWriter:
@@ -426,9 +445,10 @@ class CheckpointWriter:
     stage = (DynamicsStage.AFTER_STEP, DynamicsStage.AFTER_RUN)
     scope = HookScope.RANK_ZERO
 
-    def __init__(self, path: str | Path, frequency: int = 100):
+    def __init__(self, path: str | Path, frequency: int = 100, run: dict[str, Any] | None = None):
         self.path = Path(path)
         self.frequency = int(frequency)
+        self.run = dict(run or {})  # stored with every checkpoint (`Checkpoint.run`)
         self.saved_steps: list[int] = []
 
     def __call__(self, ctx, stage) -> None:
@@ -437,5 +457,5 @@ class CheckpointWriter:
         if self.saved_steps and self.saved_steps[-1] == ctx.step:
             return
         world_size = getattr(_integrator(ctx.dynamics).reduce, "world_size", 1)
-        save_checkpoint(self.path, ctx.batch, ctx.dynamics, world_size)
+        save_checkpoint(self.path, ctx.batch, ctx.dynamics, world_size, self.run)
         self.saved_steps.append(ctx.step)

@@ -167,12 +167,13 @@ class DomainParallel(OnGroup):
             self.dynamics.step()
 
     # ---- checkpoint -----------------------------------------------------------------------
-    def save_checkpoint(self, path: str | Path) -> None:
-        """Collective: gather the full state to rank 0, which writes ``path`` atomically."""
+    def save_checkpoint(self, path: str | Path, run: dict | None = None) -> None:
+        """Collective: gather the full state to rank 0, which writes ``path`` atomically
+        (with the application's ``run`` record, `Checkpoint.run`, when given)."""
         with fail_together(self.group):
             full = gather_batch(self._owned(), self.group, to_all=False)
             compute_on_rank0(
-                lambda: write_atomically(checkpoint_payload(full, self.dynamics, self.world_size), path),
+                lambda: write_atomically(checkpoint_payload(full, self.dynamics, self.world_size, run), path),
                 group=self.group,
             )
 
@@ -189,6 +190,7 @@ class DomainParallel(OnGroup):
                     checkpoint.dynamics_state,
                     checkpoint.world_size,
                     checkpoint.dynamics_settings,
+                    checkpoint.run,
                 ),
                 self.group,
             )

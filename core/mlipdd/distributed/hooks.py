@@ -29,6 +29,7 @@ import torch
 from mlipdd.comm import all_gather_objects, gather_objects, group_rank
 from mlipdd.data import Batch, InputError
 from mlipdd.dynamics.base import HookContext, hook_stages
+from mlipdd.dynamics.hooks.trajectory import unwrapped_positions  # noqa: F401 - re-exported
 from mlipdd.dynamics.reduce import GlobalReducer
 
 
@@ -40,15 +41,6 @@ class HookScope(str, enum.Enum):
 
 
 # ---- gathering ----------------------------------------------------------------------------
-def unwrapped_positions(batch: Batch) -> torch.Tensor:
-    """Positions with periodic crossings undone (``image`` counts, when present, times the cell)."""
-    image = batch.node.get("image")
-    if image is None:
-        return batch.positions
-    cell = batch.cell.detach()[batch.batch]
-    return batch.positions + torch.einsum("ni,nij->nj", image.to(batch.dtype), cell)
-
-
 def gather_rows(atom_ids: torch.Tensor, rows: torch.Tensor, group=None) -> torch.Tensor | None:
     """Collective: every rank's owned ``rows`` (e.g. forces) in global atom-id order on
     rank 0 (None elsewhere), on the CPU; for checks and output, not for the hot path."""

@@ -135,19 +135,21 @@ class AIMNet2Wrapper(ModelWrapper):
     def from_file(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
                   **kwargs) -> AIMNet2Wrapper:
         """An aimnet model file: a v2 ``.pt`` (state dict + metadata), read by aimnet's loader."""
+        from mlipdd_aimnet2.building import to_dtype
         from mlipdd_aimnet2.loading import load_file
 
         model, metadata = load_file(path, device=device)
-        return cls(model.to(dtype) if dtype is not None else model, metadata=metadata, **kwargs)
+        return cls(to_dtype(model, dtype), metadata=metadata, **kwargs)
 
     @classmethod
     def from_name(cls, name: str = "aimnet2", device: str = "cpu", dtype: torch.dtype | None = None,
                   **kwargs) -> AIMNet2Wrapper:
         """A released model by aimnet registry name (downloaded and cached by aimnet)."""
+        from mlipdd_aimnet2.building import to_dtype
         from mlipdd_aimnet2.loading import load_named
 
         model, metadata = load_named(name, device=device)
-        return cls(model.to(dtype) if dtype is not None else model, metadata=metadata, **kwargs)
+        return cls(to_dtype(model, dtype), metadata=metadata, **kwargs)
 
     # ---- input checks -------------------------------------------------------------------
     @property
@@ -217,8 +219,10 @@ class AIMNet2Wrapper(ModelWrapper):
                 pos_used, cell = strained(view, strain)
             energy, data = self._energy(batch, pos_used, cell, charge)
             grads = torch.autograd.grad(energy.sum(), inputs)
+        # the energy stays float64 (a float32 total of ~1e5 eV rounds by ~1e-2 eV); forces,
+        # stress and charges are in the batch's dtype
         out = {
-            "energy": energy.detach().to(batch.dtype),
+            "energy": energy.detach(),
             "forces": -grads[0],
             "charges": data["charges"].detach(),
         }

@@ -1,7 +1,11 @@
 """`mlipdd.torchsim.TorchSimModel`: torch-sim's integrators and optimisers drive an mlipdd
-model; outputs equal the plain model's, and 2 ranks equal one process."""
+model; outputs equal the plain model's and torch-sim's own MaceModel, and 2 ranks equal one
+process. Runs on torch-sim 0.3 (what pip resolves on Python < 3.12) and 0.6 (Python >= 3.12)."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import torch
 import torch_sim as ts  # the `torchsim` extra (also in the `test` extra)
@@ -10,6 +14,19 @@ from mlipdd.testing.systems import two_systems
 from mlipdd.torchsim import TorchSimModel, batch_from_state
 
 CPU = torch.device("cpu")
+# torch-sim 0.4 replaced the integrator/optimiser functions by enums (ts.Integrator.nve, ...)
+ENUM_API = hasattr(ts, "Integrator")
+
+
+def integrator(name: str):
+    return getattr(ts.Integrator, name) if ENUM_API else getattr(ts, name)
+
+
+def unit_cell_fire() -> dict:
+    """`ts.optimize` keywords of FIRE with unit-cell relaxation, in the installed API."""
+    if ENUM_API:
+        return {"optimizer": ts.Optimizer.fire, "init_kwargs": {"cell_filter": ts.CellFilter.unit}}
+    return {"optimizer": ts.unit_cell_fire}
 
 
 def lj_model():
@@ -37,17 +54,17 @@ def test_nve_conserves_energy_and_fire_relaxes():
     model = TorchSimModel(lj_model())
     atoms = argon_atoms()[0]
     state = ts.initialize_state(atoms, device=CPU, dtype=torch.float64)
-    final = ts.integrate(system=state, model=model, integrator=ts.nve, n_steps=100,
+    final = ts.integrate(system=state, model=model, integrator=integrator("nve"), n_steps=100,
                          temperature=60.0, timestep=0.004)  # ps
     kinetic = ts.calc_kinetic_energy(masses=final.masses, momenta=final.momenta)
-    start = ts.integrate(system=state, model=model, integrator=ts.nve, n_steps=1,
+    start = ts.integrate(system=state, model=model, integrator=integrator("nve"), n_steps=1,
                          temperature=60.0, timestep=0.004)
     e_start = start.energy + ts.calc_kinetic_energy(masses=start.masses, momenta=start.momenta)
     e_end = final.energy + kinetic
     assert float(kinetic) > 0.0
     assert abs(float(e_end - e_start)) < 2e-3 * abs(float(e_start)), (e_start, e_end)
 
-    relaxed = ts.optimize(system=state, model=model, optimizer=ts.unit_cell_fire, max_steps=300,
+    relaxed = ts.optimize(system=state, model=model, max_steps=300, **unit_cell_fire(),
                           convergence_fn=ts.generate_force_convergence_fn(force_tol=0.01))
     forces = lj_model()(batch_from_state(relaxed, torch.float64))["forces"]  # the plain model
     assert float(forces.norm(dim=1).max()) < 0.01
@@ -61,9 +78,39 @@ def test_two_ranks_drive_the_same_trajectory():
         model = TorchSimModel(lj_model(), nproc=nproc)
         try:
             torch.manual_seed(0)  # nvt_langevin draws its noise from torch's generator
-            runs[nproc] = ts.integrate(system=state, model=model, integrator=ts.nvt_langevin,
+            runs[nproc] = ts.integrate(system=state, model=model, integrator=integrator("nvt_langevin"),
                                        n_steps=25, temperature=90.0, timestep=0.004)
         finally:
             model.close()
     torch.testing.assert_close(runs[2].positions, runs[1].positions, rtol=0, atol=1e-9)
     torch.testing.assert_close(runs[2].momenta, runs[1].momenta, rtol=0, atol=1e-9)
+
+
+def test_equals_torch_sims_own_mace_model():
+    from mlipdd_mace.testing import random_mace
+    from mlipdd_mace.wrapper import MACEWrapper
+    from torch_sim.models.mace import MaceModel
+
+    mace = random_mace(elements=(8, 18), r_max=4.0, dtype=torch.float64, seed=3)
+    atoms = two_systems(species=(18, 8), spacing=2.6).to_ase()
+    state = ts.initialize_state(atoms, device=CPU, dtype=torch.float64)
+    theirs = MaceModel(mace, device=CPU, dtype=torch.float64)(state)
+    for nproc in (1, 2):
+        model = TorchSimModel(MACEWrapper(mace), nproc=nproc)
+        try:
+            ours = model(state)
+        finally:
+            model.close()
+        for key in ("energy", "forces", "stress"):
+            scale = float(theirs[key].abs().max())
+            torch.testing.assert_close(ours[key], theirs[key].detach(), rtol=0, atol=1e-12 * scale)
+
+
+def test_without_torch_sim_the_import_error_names_the_extra():
+    # sys.modules[name] = None is Python's own way to make `import name` fail as if absent
+    code = ("import sys; sys.modules['torch_sim'] = None\n"
+            "try:\n    from mlipdd.torchsim import TorchSimModel\n"
+            "except ImportError as error:\n    print(type(error).__name__, error)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ("ImportError mlipdd.torchsim needs torch-sim (torch-sim-atomistic): "
+                                  "pip install 'mlipdd[torchsim]'"), out.stdout + out.stderr

@@ -6,7 +6,15 @@ mlipdd model (needs ``pip install 'mlipdd[torchsim]'``, i.e. torch-sim-atomistic
 
     model = TorchSimModel(my_wrapper)                 # or nproc=2 for domain decomposition
     state = ts.initialize_state(atoms, device=model.device, dtype=model.dtype)
-    final = ts.integrate(system=state, model=model, integrator=ts.Integrator.nvt_langevin, ...)
+    final = ts.integrate(system=state, model=model, integrator=ts.Integrator.nvt_langevin,
+                         n_steps=100, temperature=300.0, timestep=0.002)
+    relaxed = ts.optimize(system=state, model=model, optimizer=ts.Optimizer.fire,
+                          init_kwargs={"cell_filter": ts.CellFilter.unit})
+
+Versions: torch-sim 0.6 (the current release) needs Python >= 3.12; on Python 3.10/3.11 pip
+resolves 0.3, whose integrators and optimisers are plain functions (``ts.nvt_langevin``,
+``ts.unit_cell_fire``) instead of the enums above. The adapter is the same for both: it
+only implements ``ModelInterface.forward(state)``.
 
 Domain decomposition: with ``nproc=N`` every force call runs on N persistent ranks (the
 same machinery as `mlipdd.ase.MLIPDDCalculator`); torch-sim's state and integrator stay in
@@ -14,11 +22,19 @@ this process, so the full system is sent to the ranks and the forces gathered ba
 step. That splits the model's cost (the part that dominates for an MLIP), not the
 integrator's. Running torch-sim itself on every rank with sharded state is not supported.
 """
-
 from __future__ import annotations
 
 import torch
-from torch_sim.models.interface import ModelInterface
+
+try:
+    from torch_sim.models.interface import ModelInterface
+except ModuleNotFoundError as missing:
+    if not (missing.name or "").startswith("torch_sim"):
+        raise  # torch-sim is there but one of its own dependencies is not: show that
+    # `from None`: the user needs the install line, not the chain of import frames
+    raise ImportError(
+        "mlipdd.torchsim needs torch-sim (torch-sim-atomistic): pip install 'mlipdd[torchsim]'"
+    ) from None
 
 from mlipdd.data import Batch, InputError
 from mlipdd.distributed.rank_pool import ModelEvaluator

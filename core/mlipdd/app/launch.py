@@ -107,8 +107,9 @@ def spawn_local(cfg, json_output: bool = False) -> int:
 # ---- one rank -----------------------------------------------------------------------------
 def run_distributed_simulation(cfg, thermo_stream=None) -> dict[str, Any] | None:
     """One rank of a distributed ``mlipdd run``; the summary on rank 0, None elsewhere."""
+    from mlipdd.app.output_errors import reported_by_failing_rank, write_error_message
     from mlipdd.app.simulation import stopped_message
-    from mlipdd.comm import RemoteRankError
+    from mlipdd.comm import DistributedInputError, RemoteRankError
     from mlipdd.distributed.manager import DistributedManager
     from mlipdd.dynamics.stop import RunStopped, stop_on_signals
 
@@ -121,8 +122,10 @@ def run_distributed_simulation(cfg, thermo_stream=None) -> dict[str, Any] | None
         with stop_on_signals():  # every rank alike: watching adds a per-step agreement
             return _run_rank(cfg, manager, thermo_stream)
     except InputError as exc:
-        # bad input is the same error on every rank (agreed): say it once, no traceback
-        if manager.rank == 0:
+        # bad input is the same error on every rank (agreed): say it once, no traceback;
+        # found by one rank alone (a trajectory frame it could not write), that rank says it
+        agreed = isinstance(exc, DistributedInputError) or getattr(exc, "raised_on_every_rank", False)
+        if manager.rank == 0 or not agreed:
             print(f"mlipdd run: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     except RunStopped as exc:  # every rank, after the same step, files written
@@ -130,11 +133,18 @@ def run_distributed_simulation(cfg, thermo_stream=None) -> dict[str, Any] | None
             print(stopped_message(cfg, exc), file=sys.stderr, flush=True)
         raise SystemExit(exc.exit_code) from None
     except RemoteRankError as exc:
+        if reported_by_failing_rank(str(exc)):
+            raise SystemExit(2) from None  # bad input or an unwritable output: that rank says it
         # the failing rank prints its own traceback; the others add one line each
         print(f"rank {manager.rank} stopped: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
-    except RuntimeError as exc:
-        hint = _lost_peer_hint(exc, cfg)
+    except Exception as exc:
+        # an output rank 0 cannot write (a full disk): one line, exit 2, like bad input
+        message = write_error_message(exc, cfg)
+        if message is not None:
+            print(f"mlipdd run: error: {message}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        hint = _lost_peer_hint(exc, cfg) if isinstance(exc, RuntimeError) else None
         if hint is None:
             raise
         print(f"rank {manager.rank} stopped: {hint}", file=sys.stderr, flush=True)

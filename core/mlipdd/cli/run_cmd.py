@@ -20,6 +20,7 @@ from mlipdd.app.simulation import (
     run_simulation,
     strategy_names,
 )
+from mlipdd.app.output_errors import check_outputs_writable, write_error_message
 from mlipdd.data import InputError
 
 DESCRIPTION = """\
@@ -238,6 +239,8 @@ def run(args: argparse.Namespace) -> int:
     from mlipdd.app.launch import launched_world_size, run_command
 
     cfg = config_from_args(args)
+    if launched_world_size() == 1:  # here, before any rank starts (torchrun's: mid-run, below)
+        check_outputs_writable(cfg)
     if cfg.nproc > 1 or launched_world_size() > 1:
         return run_command(cfg, json_output=args.json)
     from mlipdd.app.simulation import stopped_message
@@ -251,6 +254,12 @@ def run(args: argparse.Namespace) -> int:
         return exc.exit_code
     except InputError as exc:  # bad input or a blow-up: the message says it all
         print(f"mlipdd run: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except Exception as exc:  # a full disk mid-run: one line naming the file; else a bug
+        message = write_error_message(exc, cfg)
+        if message is None:
+            raise
+        print(f"mlipdd run: error: {message}", file=sys.stderr, flush=True)
         return 2
     if args.json:
         print(json.dumps(summary, indent=2))

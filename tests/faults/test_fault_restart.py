@@ -26,7 +26,8 @@ NVT = ["--system", "lj_liquid", "--size", "2", "--ensemble", "nvt", "--dt", "2",
 
 def _run(capsys, *args) -> dict:
     assert main(["run", *QUIET, *args]) == 0, capsys.readouterr().err
-    return json.loads(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    return json.loads(out[out.index("{"):])  # mace-torch prints a note at import
 
 
 def _positions(path) -> torch.Tensor:
@@ -88,3 +89,62 @@ def test_a_restart_appends_to_its_trajectory_and_refuses_one_that_ran_past(tmp_p
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "up to step 8" in err[0] and path in err[0], err
     assert len(ase.io.read(path, ":")) == 5  # untouched
+
+
+# ---- R5: the model of a restart is the checkpoint's ------------------------------------------
+def _mace_file(path, seed):
+    pytest.importorskip("mace", reason="mace-torch is not installed (see plugins/mace/README.md)")
+    from mlipdd_mace.testing import random_mace
+
+    torch.save(random_mace(elements=(18,), r_max=4.0, dtype=torch.float64, seed=seed), path)
+    return str(path)
+
+
+MACE_NVE = ["--system", "fcc_argon", "--size", "2", "--ensemble", "nve", "--dt", "1"]
+
+
+def test_a_restart_continues_with_the_checkpoints_mace_model(tmp_path, capsys):
+    """R5: after a MACE run, ``--restart s.pt`` alone continues with that MACE model (it
+    used to continue with LJ: energy -619 -> +399 eV); 2 + 2 steps == 4 straight."""
+    weights = _mace_file(tmp_path / "argon.model", seed=0)
+    mace = ["--model", "mace", "--model-arg", f"path={weights}"]
+    straight = _run(capsys, *mace, *MACE_NVE, "--steps", "4", "--checkpoint", str(tmp_path / "a.pt"))
+    _run(capsys, *mace, *MACE_NVE, "--steps", "2", "--checkpoint", str(tmp_path / "half.pt"))
+    again = _run(capsys, "--steps", "2", "--restart", str(tmp_path / "half.pt"),
+                 "--checkpoint", str(tmp_path / "b.pt"))
+    assert (again["model"], again["system"], again["ensemble"]) == ("mace", "fcc_argon", "nve")
+    assert torch.equal(_positions(tmp_path / "b.pt"), _positions(tmp_path / "a.pt"))
+    assert straight["final_step"] == again["final_step"] == 4
+
+
+def test_another_model_or_changed_weights_are_refused_unless_allowed(tmp_path, capsys):
+    """R5: a different --model, other --model-arg values, or a weights file whose bytes
+    changed: one line naming both, exit 2; ``--restart-allow-model-change`` lets it run."""
+    weights = _mace_file(tmp_path / "argon.model", seed=0)
+    _run(capsys, "--model", "mace", "--model-arg", f"path={weights}", *MACE_NVE, "--steps", "1",
+         "--checkpoint", str(tmp_path / "s.pt"))
+    restart = ["run", *QUIET, "--steps", "1", "--restart", str(tmp_path / "s.pt")]
+
+    def refused(*flags) -> str:
+        assert main([*restart, *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(tmp_path / "s.pt") in err[0], err
+        return err[0]
+
+    line = refused("--model", "lj")
+    assert "mace(path=" in line and "lj()" in line and "--restart-allow-model-change" in line
+    _mace_file(tmp_path / "argon.model", seed=1)  # the same path, other weights
+    line = refused()
+    assert "argon.model" in line and "changed" in line and "sha256" in line
+    assert main([*restart, "--restart-allow-model-change"]) == 0
+    assert "continuing anyway" in capsys.readouterr().err
+
+
+def test_two_ranks_refuse_another_model_in_one_line(tmp_path, capsys):
+    """R5 under the launcher: the refusal is agreed, said once, exit 2."""
+    _run(capsys, *NVT, "--steps", "1", "--checkpoint", str(tmp_path / "s.pt"))
+    launcher = start_run(tmp_path, "--nproc", "2", *QUIET, "--steps", "1", "--restart", "s.pt",
+                         "--model-arg", "sigma=3.0")
+    assert finish(launcher, timeout=180) == 2
+    lines = stderr_of(tmp_path).strip().splitlines()
+    assert len(lines) == 1 and "lj(sigma=3.0)" in lines[0] and "s.pt" in lines[0], lines

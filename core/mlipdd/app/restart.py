@@ -105,6 +105,12 @@ def settings_from_checkpoint(cfg, checkpoint):
     }
     if cfg.ensemble is None and ensemble is not None:
         unset["ensemble"] = ensemble
+    elif ensemble is not None and cfg.ensemble != ensemble:
+        raise InputError(
+            f"checkpoint {shown} continues a --ensemble {ensemble} run, this run asks for "
+            f"--ensemble {cfg.ensemble}; drop --ensemble (an integrator's state does not carry "
+            "over to another one; to switch, start a new run from the last trajectory frame)"
+        )
     return dataclasses.replace(cfg, **unset)
 
 

@@ -40,8 +40,11 @@ def pip(*args: str) -> None:
 
 def build_project_wheels(dist: Path) -> None:
     projects = [ROOT, *sorted(p.parent for p in ROOT.glob("plugins/*/pyproject.toml"))]
-    # no build isolation: setuptools comes from this environment (the `test` extra), no download
-    pip("wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(dist), *map(str, projects))
+    # Build isolation (pip's default): each build gets the setuptools its pyproject declares,
+    # whatever the calling environment has. A fresh `python -m venv` holds an old setuptools
+    # and no `wheel`, so building with --no-build-isolation there failed ("invalid command
+    # 'bdist_wheel'") until `make install` had run. The index is needed anyway (mace-torch).
+    pip("wheel", "--no-deps", "--quiet", "-w", str(dist), *map(str, projects))
 
 
 def _record_line(name: str, data: bytes) -> str:

@@ -1,12 +1,15 @@
 """A sum of models: short-range MLIP + dispersion + electrostatics as one wrapper.
 
 The pipeline's energy, per-atom energies, forces and stress are the sums of its
-members'. Its cutoff is the largest member cutoff; one neighbour list built with it
+members'. Any other output (AIMNet2's ``charges``) passes through when exactly one member
+gives it; one given by several members is left out (which member's is meant is not
+known). Its cutoff is the largest member cutoff; one neighbour list built with it
 serves every member, because each model drops the edges longer than its own cutoff.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import operator
 from collections.abc import Iterable
@@ -66,16 +69,20 @@ class PipelineModelWrapper(ModelWrapper):
                     f"stress was requested but pipeline member {type(model).__name__} gives none; "
                     "drop compute_stress or remove that member"
                 )
-            for key in _SUMMED:
-                if key in out:
-                    total[key] = out[key] if key not in total else total[key] + out[key]
-                    present[key] = present.get(key, 0) + 1
-        # a partial sum would be silently wrong: keep only outputs every member gave
-        return {k: v for k, v in total.items() if present[k] == len(self.models)}
+            for key, value in out.items():
+                summed = key in _SUMMED and key in total
+                total[key] = total[key] + value if summed else value
+                present[key] = present.get(key, 0) + 1
+        # a partial sum would be silently wrong: keep only the sums every member gave, and
+        # the other outputs that one member alone gave
+        wanted = {k: len(self.models) if k in _SUMMED else 1 for k in present}
+        return {k: v for k, v in total.items() if present[k] == wanted[k]}
 
 
 def _combined_config(configs: list[ModelConfig]) -> ModelConfig:
-    outputs = functools.reduce(operator.and_, (c.outputs for c in configs))
+    summed = functools.reduce(operator.and_, (c.outputs for c in configs))
+    counts = collections.Counter(k for c in configs for k in c.outputs if k not in _SUMMED)
+    outputs = frozenset(k for k in summed if k in _SUMMED) | {k for k, n in counts.items() if n == 1}
     autograd_outputs = functools.reduce(operator.or_, (c.autograd_outputs for c in configs))
     dtypes = tuple(
         d for d in configs[0].supported_dtypes if all(d in c.supported_dtypes for c in configs)

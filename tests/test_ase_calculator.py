@@ -182,10 +182,11 @@ def test_requires_positive_nproc():
         MLIPDDCalculator(lj_model(), nproc=0)
 
 
-def test_stress_needs_a_periodic_cell():
+def test_stress_needs_a_cell_periodic_in_two_directions():
     from ase.calculators.calculator import PropertyNotImplementedError
 
     atoms = AWKWARD_CELLS["slab"]().to_ase()[0]
+    atoms.pbc = [True, False, False]  # a wire: no stress, as for a cluster
     atoms.calc = MLIPDDCalculator(lj_model())
     assert np.isfinite(atoms.get_forces()).all()
     with pytest.raises(PropertyNotImplementedError, match="periodic"):

@@ -9,6 +9,8 @@ from ase.calculators.calculator import Calculator, PropertyNotImplementedError, 
 from mlipdd.data import AtomicData
 from mlipdd.distributed.rank_pool import ModelEvaluator
 
+_DEFAULT_TIMEOUT_S = 300.0
+
 
 class MLIPDDCalculator(Calculator):
     """ASE calculator for an mlipdd model wrapper (LJ, MACE, UMA, your own).
@@ -20,40 +22,58 @@ class MLIPDDCalculator(Calculator):
     ``DomainConfig(cutoff=model.cutoff)``) and returns the gathered results. ``model`` may
     also be a zero-argument factory; every rank then builds the model itself (the factory
     must give every rank identical weights). A model object is pickled to the ranks, so its
-    class must be importable: in a script, create the calculator under
-    ``if __name__ == "__main__":``.
+    class must be importable, and in a script the calculator must be created under
+    ``if __name__ == "__main__":`` (the ranks re-import the script; a script without the
+    guard is refused with that fix).
 
-    Results: ``energy`` / ``free_energy`` (eV), ``forces`` (eV/A), ``stress`` (eV/A^3, ASE's
-    Voigt order and sign; periodic cells only) and ``charges`` when the model outputs them.
-    Close it with ``calc.close()``, a ``with`` block, or let ``atexit`` do it.
+    ``pool=RankPool(model, nproc)`` instead of a model: several calculators (the images of
+    an NEB) share one set of ranks; the pool's owner closes it.
+
+    ``dtype`` converts the model (as MACECalculator's ``default_dtype``): results are
+    computed in that precision. ``timeout``: seconds a call may take on the ranks before
+    it fails naming the rank that did not answer.
+
+    Every call answers or raises: bad input (an element the model lacks, overlapping atoms,
+    NaN positions) raises `InputError` and the calculator serves the next call; a non-finite
+    result raises `FloatingPointError`; a rank that dies or is stopped raises `WorkerError`
+    naming it, and the next call starts new ranks.
+
+    Results: ``energy`` / ``free_energy`` (eV), ``forces`` (eV/A), ``energies`` (per atom,
+    eV; `Atoms.get_potential_energies`), ``stress`` (eV/A^3, ASE's Voigt order and sign;
+    for a cell with three non-zero vectors, periodic in two or three directions: a slab's
+    stress uses the volume of its cell, vacuum included, as MACECalculator does) and any
+    other per-atom output the model gives (``charges``). Close it with ``calc.close()``, a
+    ``with`` block, or let ``atexit`` do it.
     """
 
-    implemented_properties = ("energy", "free_energy", "forces", "stress", "charges")
+    implemented_properties = ("energy", "free_energy", "forces", "stress", "energies", "charges")
 
-    def __init__(self, model, nproc: int = 1, config=None, device: str | None = None,
-                 dtype: torch.dtype | None = None, **kwargs):
+    def __init__(self, model=None, nproc: int = 1, config=None, device: str | None = None,
+                 dtype: torch.dtype | None = None, pool=None, timeout: float = _DEFAULT_TIMEOUT_S,
+                 **kwargs):
         super().__init__(**kwargs)
-        self.evaluator = ModelEvaluator(model, nproc, config, device, dtype)
+        self.evaluator = ModelEvaluator(model, nproc, config, device, dtype, pool=pool, timeout=timeout)
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
         super().calculate(atoms, properties, system_changes)
-        periodic = bool(np.all(self.atoms.pbc))
-        if "stress" in properties and not periodic:
-            raise PropertyNotImplementedError("stress needs a cell periodic in all three directions")
+        with_stress = has_stress(self.atoms)
+        if "stress" in properties and not with_stress:
+            raise PropertyNotImplementedError(
+                "stress needs a cell periodic in at least two directions with three non-zero "
+                "cell vectors (give a slab its vacuum as a cell vector)"
+            )
         # checked here, in the parent: bad input then never reaches (and never stops) the ranks
         batch = AtomicData.from_ase(self.atoms, dtype=self.evaluator.dtype).validate()
-        out = self.evaluator.evaluate(batch, compute_stress=periodic)
+        out = self.evaluator.evaluate(batch, compute_stress=with_stress)
         energy = float(out["energy"].reshape(-1)[0])
-        self.results = {
-            "energy": energy,
-            "free_energy": energy,
-            "forces": _numpy(out["forces"]),
-        }
-        if periodic and "stress" in out:
+        self.results = {"energy": energy, "free_energy": energy}
+        if with_stress and "stress" in out:
             s = _numpy(out["stress"]).reshape(3, 3)
             self.results["stress"] = s[[0, 1, 2, 1, 0, 0], [0, 1, 2, 2, 2, 1]]
-        if "charges" in out:
-            self.results["charges"] = _numpy(out["charges"]).reshape(-1)
+        for name, value in out.items():  # per-atom outputs: forces, energies, charges, ...
+            if name not in ("energy", "stress") and value.shape[:1] == (len(self.atoms),):
+                rows = _numpy(value)
+                self.results[name] = rows.reshape(-1) if rows.ndim == 2 and rows.shape[1] == 1 else rows
 
     @property
     def worker_pids(self) -> list[int]:
@@ -61,7 +81,7 @@ class MLIPDDCalculator(Calculator):
         return self.evaluator.pids
 
     def close(self) -> None:
-        """Stop the ranks (nothing to do for ``nproc=1``); safe to call twice."""
+        """Stop the ranks this calculator started (a shared pool's owner closes the pool)."""
         self.evaluator.close()
 
     def __enter__(self):
@@ -71,5 +91,12 @@ class MLIPDDCalculator(Calculator):
         self.close()
 
 
+def has_stress(atoms) -> bool:
+    """Stress is defined for a cell of non-zero volume periodic in two or three directions
+    (for a slab the vacuum is part of the volume, as MACECalculator and ASE's own do)."""
+    return int(np.sum(atoms.pbc)) >= 2 and abs(float(np.linalg.det(atoms.cell.array))) > 1e-12
+
+
 def _numpy(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.detach().cpu().double().numpy()
+    out = tensor.detach().cpu()
+    return out.numpy() if out.dtype in (torch.float32, torch.float64) else out.double().numpy()

@@ -5,141 +5,139 @@ domain-decomposed. `ModelEvaluator` picks this process (``nproc=1``) or a `RankP
 The parent (the user's ASE script) is not a rank: it holds the full system and talks to
 each rank over its own pipe. Per request every rank receives the command, rank 0 also the
 system; the ranks partition it, run `DistributedModel`, gather per-atom outputs by atom id
-to rank 0, and every rank answers (rank 0 with the results). The parent reads every answer,
-so a rank that failed or died is named instead of leaving the parent waiting.
+to rank 0, and every rank answers (rank 0 with the results). The parent reads every answer
+and watches the processes, so every call answers or raises within its deadline:
+
+* a request that fails on the ranks (bad input, an error in the model) raises in the
+  caller; the ranks regroup (NOTE [regrouping after a failure] in `rank_worker`) and the
+  next call is served by the same processes;
+* a rank that dies (named with its pid and signal), stays stopped (SIGSTOP) or does not
+  answer within ``timeout`` fails the call; the other ranks are killed at once and the
+  next call starts new ranks.
+
+Several calculators may share one pool (``MLIPDDCalculator(pool=pool)``): an NEB's images
+then run one after another on the same N ranks instead of N ranks each.
 
 No orphans: a rank asks the kernel to kill it when its parent dies (Linux
 ``PR_SET_PDEATHSIG``) and leaves its loop when its pipe closes; `RankPool.close` stops the
-ranks politely and terminates any that do not stop.
+ranks politely and kills any that do not stop.
 """
 
 from __future__ import annotations
 
 import os
-import signal
+import shutil
+import tempfile
 import time
-import traceback
 from typing import Any
 
 import torch
 
+from mlipdd.distributed.main_guard import MAIN_REIMPORT_EXIT_CODE, check_spawn_can_start, unguarded_main_message
+from mlipdd.distributed.rank_worker import build_model_object, rank_main
+
 _START_TIMEOUT_S = 300.0  # model import and group formation on a busy machine
 _STOP_TIMEOUT_S = 10.0
-_SYSTEM_OUTPUTS = ("energy", "stress")  # replicated; every other tensor output is per atom
+_STOPPED_GRACE_S = 3.0  # a rank stopped (SIGSTOP) this long while a call waits fails the call
+_DEFAULT_TIMEOUT_S = 300.0
 
 
 class WorkerError(RuntimeError):
     """A rank failed; the message names the rank and carries its error."""
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this process when the parent dies (Linux; elsewhere the pipe's EOF stops it).
-    A calculator's rank holds no run state worth saving, unlike `mlipdd run`'s ranks
-    (`supervise.follow_launcher`), so it goes at once."""
-    from mlipdd.distributed.supervise import signal_on_parent_death
-
-    if not signal_on_parent_death(parent_pid, signal.SIGKILL):
-        os._exit(1)
-
-
-def build_model_object(model_or_factory):
-    from torch import nn
-
-    if isinstance(model_or_factory, nn.Module) or not callable(model_or_factory):
-        return model_or_factory
-    return model_or_factory()  # a factory: every rank builds the same weights itself
-
-
-def _rank_main(rank: int, world: int, port: int, parent_pid: int, model, config, backend: str,
-               device: str | None, conn) -> None:
-    die_with_parent(parent_pid)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    if backend == "gloo" and not os.environ.get("OMP_NUM_THREADS"):
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # share the cores
-    from mlipdd.data import InputError
-    from mlipdd.distributed.manager import DistributedManager
-    from mlipdd.distributed.model import DistributedModel
-
-    try:
-        manager = DistributedManager(backend=backend, device=device, rank=rank, world_size=world)
-        dm = DistributedModel(build_model_object(model).to(manager.device), config)
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
-        conn.send(("error", f"rank {rank} could not start: {_describe(exc)}"))
-        return
-    conn.send(("ready", None))
-    try:
-        while True:
-            try:
-                request = conn.recv()
-            except (EOFError, OSError):
-                return  # the parent is gone
-            if request[0] == "stop":
-                return
-            _, full, compute_stress = request
-            try:
-                result = _evaluate(dm, full if rank == 0 else None, compute_stress)
-                conn.send(("ok", result if rank == 0 else None))
-            except InputError as exc:  # agreed on every rank: the group is intact, keep serving
-                conn.send(("input_error", str(exc)))
-                # from a clean slate: the failed call may have left a half-updated decomposition
-                dm = DistributedModel(dm.model, config)
-            except BaseException as exc:  # noqa: BLE001 - the group is torn down: report, stop
-                conn.send(("error", f"rank {rank}: {_describe(exc)}"))
-                return
-    finally:
-        manager.cleanup()
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, (ValueError, TypeError, RuntimeError)) and str(exc):
-        return f"{type(exc).__name__}: {exc}"
-    return "".join(traceback.format_exception(exc)).strip()
-
-
-def _evaluate(dm, full, compute_stress: bool) -> dict[str, torch.Tensor] | None:
-    """Collective: one force call on the ranks; rank 0 returns every output in atom order."""
-    from mlipdd.distributed.hooks import gather_rows
-
-    owned = dm.partition(full)
-    out = dm(owned, compute_stress=compute_stress)
-    result = {k: out[k].detach().cpu() for k in _SYSTEM_OUTPUTS if torch.is_tensor(out.get(k))}
-    for name in sorted(k for k, v in out.items() if torch.is_tensor(v) and k not in _SYSTEM_OUTPUTS):
-        rows = gather_rows(owned.atom_ids, out[name])  # same names, same order on every rank
-        if rows is not None:
-            result[name] = rows
-    return result if full is not None else None
-
-
 class RankPool:
-    """N persistent ranks serving force calls; see the module docstring."""
+    """``nproc`` persistent ranks evaluating ``model``; see the module docstring.
 
-    def __init__(self, model, config, nproc: int, device: str):
+    ``model``: a wrapper, a raw upstream model a plugin recognises, or a zero-argument
+    factory (every rank then builds it; it must give identical weights). ``config``: the
+    `DomainConfig` (default: the model's cutoff). ``dtype`` converts the model (as
+    MACECalculator's ``default_dtype``); results come in that precision. ``timeout``: the
+    seconds one call may take before it fails naming the ranks that did not answer (also
+    the ranks' collective timeout). Give the pool to several calculators to share it;
+    ``close()`` it (or use ``with``) when done.
+    """
+
+    def __init__(self, model, nproc: int = 2, config=None, device: str | None = None,
+                 dtype: torch.dtype | None = None, timeout: float = _DEFAULT_TIMEOUT_S):
+        from mlipdd.distributed.config import DomainConfig
+
+        if int(nproc) < 1:
+            raise ValueError(f"nproc must be at least 1, got {nproc}")
+        check_spawn_can_start()
+        self.nproc = int(nproc)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        # in the parent: cutoff and dtype, and one process's answer when the ranks' is not finite
+        self.reference_model = local_model(model, dtype)
+        self.cutoff = float(self.reference_model.cutoff)
+        self.dtype = dtype or model_dtype(self.reference_model)
+        self.config = config if config is not None else DomainConfig(cutoff=self.cutoff)
+        self.timeout = float(timeout)
+        self._model, self._requested_dtype = model, dtype
+        self._conns, self._procs = [], []
+        self._store_dir = None
+        self.closed = False
+        self.starts = 0  # how many times ranks were started (1 + restarts after lost ranks)
+        self._start()
+
+    # ---- starting and stopping ------------------------------------------------------------
+    def _start(self) -> None:
         import multiprocessing
-
-        from mlipdd.comm import free_port
 
         # spawn, never fork: the parent may hold threads (and CUDA) that a fork would copy
         ctx = multiprocessing.get_context("spawn")
-        backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
-        port = free_port()
-        self.nproc = nproc
-        self._conns, self._procs = [], []
-        for rank in range(nproc):
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        self._store_dir = tempfile.mkdtemp(prefix="mlipdd-ranks-")
+        for rank in range(self.nproc):
             rank_device = f"cuda:{rank % torch.cuda.device_count()}" if backend == "nccl" else "cpu"
             parent_end, child_end = ctx.Pipe()
             proc = ctx.Process(
-                target=_rank_main, name=f"mlipdd-rank-{rank}", daemon=True,
-                args=(rank, nproc, port, os.getpid(), model, config, backend, rank_device, child_end),
+                target=rank_main, name=f"mlipdd-rank-{rank}", daemon=True,
+                args=(rank, self.nproc, self._store_dir, os.getpid(), self._model, self.config,
+                      self._requested_dtype, backend, rank_device, self.timeout, child_end),
             )
             proc.start()
             child_end.close()
             self._conns.append(parent_end)
             self._procs.append(proc)
+        self.starts += 1
         try:
-            self._answers(_START_TIMEOUT_S)
+            self._collect(_START_TIMEOUT_S)
         except BaseException:
-            self.close()
+            self._kill()
             raise
+
+    def close(self) -> None:
+        """Stop every rank; idempotent. A closed pool serves no more calls."""
+        self.closed = True
+        for conn in self._conns:
+            try:
+                conn.send(("stop",))
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + _STOP_TIMEOUT_S
+        for proc in self._procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        self._kill()
+
+    def _kill(self) -> None:
+        """Kill whatever still runs (after a lost rank the others can only wait for it)."""
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(5.0)
+        for conn in self._conns:
+            conn.close()
+        self._conns, self._procs = [], []
+        if self._store_dir is not None:
+            shutil.rmtree(self._store_dir, ignore_errors=True)
+            self._store_dir = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def pids(self) -> list[int]:
@@ -149,26 +147,36 @@ class RankPool:
     def alive(self) -> bool:
         return bool(self._procs) and all(p.is_alive() for p in self._procs)
 
+    # ---- one call -------------------------------------------------------------------------
     def evaluate(self, full, compute_stress: bool) -> dict[str, torch.Tensor]:
+        """One force call on the full system (CPU batch); outputs in atom order."""
         from mlipdd.data import InputError
 
-        if not self.alive:
-            raise WorkerError("the calculator's ranks have stopped (closed or failed); create a new "
-                              "MLIPDDCalculator")
+        if self.closed:
+            raise WorkerError("this pool of ranks was closed; create a new MLIPDDCalculator (or RankPool)")
+        if not self._procs:  # the last call lost a rank: start fresh ones
+            self._start()
         for rank, conn in enumerate(self._conns):
             conn.send(("compute", full if rank == 0 else None, compute_stress))
-        answers = self._answers(timeout=None)
-        input_errors = [payload for kind, payload in answers if kind == "input_error"]
-        if input_errors:  # every rank agreed on it: the ranks are intact and keep serving
-            raise InputError(input_errors[0])
-        return answers[0][1]
+        answers = self._collect(self.timeout + _STOPPED_GRACE_S)
+        failed = [a for a in answers if a[0] == "failed"]
+        if not failed:
+            return answers[0][1]
+        # every rank answered: the ranks regroup and serve the next call
+        origin = sorted(failed, key=lambda a: a[3])[0]  # a rank that only relays comes last
+        for kind, error in (("input", InputError), ("nonfinite", FloatingPointError)):
+            if any(a[1] == kind for a in failed):
+                raise error(next(a[2] for a in sorted(failed, key=lambda a: a[3]) if a[1] == kind))
+        raise WorkerError(f"{origin[2]}\n(the ranks are intact and serve the next call)")
 
-    def _answers(self, timeout: float | None) -> list[tuple[str, Any]]:
-        """One answer per rank; a failed or dead rank raises `WorkerError` naming it."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        answers: list[tuple[str, Any] | None] = [None] * self.nproc
-        errors: list[str] = []
-        while any(a is None for a in answers):
+    def _collect(self, timeout: float) -> list[tuple]:
+        """One answer per rank, within ``timeout`` seconds. A rank that dies, stays stopped
+        or does not answer raises `WorkerError` naming it; the other ranks are killed."""
+        deadline = time.monotonic() + timeout
+        answers: list[tuple | None] = [None] * self.nproc
+        stopped_since: dict[int, float] = {}
+        lost: dict[int, str] = {}
+        while any(a is None for a in answers) and not lost:
             for rank, (conn, proc) in enumerate(zip(self._conns, self._procs)):
                 if answers[rank] is not None:
                     continue
@@ -176,102 +184,155 @@ class RankPool:
                     try:
                         answers[rank] = conn.recv()
                     except (EOFError, OSError):
-                        answers[rank] = ("error", f"rank {rank} died (exit code {proc.exitcode})")
-                elif not proc.is_alive():
-                    answers[rank] = ("error", f"rank {rank} died (exit code {proc.exitcode})")
-                if answers[rank] is not None and answers[rank][0] == "error":
-                    errors.append(answers[rank][1])
-            if deadline is not None and time.monotonic() > deadline:
-                errors.append(f"ranks {[r for r, a in enumerate(answers) if a is None]} did not "
-                              f"answer within {timeout:.0f} s")
-                break
-        if errors:
-            self.close()  # the group is torn down: these ranks cannot serve again
-            input_errors = [a[1] for a in answers if a is not None and a[0] == "input_error"]
-            if input_errors:  # bad input seen by one rank only; the others report the teardown
-                from mlipdd.data import InputError
-
-                raise InputError(input_errors[0])
-            # the rank that failed first says why; the others only report the teardown
-            errors.sort(key=lambda e: "RemoteRankError" in e or "stopped" in e)
-            raise WorkerError(errors[0])
+                        pass  # it died: named below from its exit code
+                if answers[rank] is None and not proc.is_alive():
+                    proc.join(1.0)
+                    lost[rank] = self._death(rank, proc)
+                elif answers[rank] is None and _is_stopped(proc.pid):
+                    since = stopped_since.setdefault(rank, time.monotonic())
+                    if time.monotonic() - since > _STOPPED_GRACE_S:
+                        lost[rank] = (f"rank {rank} (pid {proc.pid}) is stopped (SIGSTOP, Ctrl-Z or a "
+                                      "debugger) and cannot answer")
+                else:
+                    stopped_since.pop(rank, None)
+            if not lost and time.monotonic() > deadline:
+                for rank, a in enumerate(answers):
+                    if a is None:
+                        lost[rank] = (f"rank {rank} (pid {self._procs[rank].pid}) did not answer "
+                                      f"within {timeout:.0f} s")
+        start_failures = [a[2] for a in answers if a is not None and a[0] == "failed" and a[1] == "start"]
+        if lost or start_failures:
+            self._kill()  # the group is broken: the others can only wait for the lost rank
+            why = "; ".join(lost[r] for r in sorted(lost)) if lost else start_failures[0]
+            raise WorkerError(f"{why}; the other ranks were stopped{self._restart_note()}")
         return answers  # type: ignore[return-value]
 
-    def close(self) -> None:
-        """Stop every rank; idempotent."""
-        for conn in self._conns:
-            try:
-                conn.send(("stop",))
-            except (OSError, ValueError, BrokenPipeError):
-                pass
-        deadline = time.monotonic() + _STOP_TIMEOUT_S
-        for proc in self._procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(2.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        for conn in self._conns:
-            conn.close()
-        self._conns, self._procs = [], []
+    def _death(self, rank: int, proc) -> str:
+        from mlipdd.distributed.supervise import describe_exit
+
+        code = proc.exitcode
+        if code == MAIN_REIMPORT_EXIT_CODE:
+            return unguarded_main_message()
+        return f"rank {rank} (pid {proc.pid}) {describe_exit(code) if code is not None else 'died'}"
+
+    def _restart_note(self) -> str:
+        return "" if self.closed else "; the next call starts new ranks"
+
+
+def _is_stopped(pid: int) -> bool:
+    from mlipdd.distributed.supervise import _process_state
+
+    return _process_state(pid) in ("T", "t")
+
+
+def local_model(model, dtype: torch.dtype | None = None):
+    """The wrapper this process can inspect (cutoff, dtype, elements): a raw upstream model
+    is wrapped by the plugin that recognises it."""
+    from torch import nn
+
+    local = build_model_object(model, dtype=dtype)
+    if not isinstance(local, nn.Module) or not hasattr(local, "model_config"):
+        from mlipdd.plugins import wrap_model
+
+        local = wrap_model(local if dtype is None else local.to(dtype))
+    return local
+
+
+def model_dtype(model) -> torch.dtype:
+    floating = [t.dtype for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()]
+    return floating[0] if floating else torch.float64
 
 
 class ModelEvaluator:
-    """One model, evaluated on this process (``nproc=1``) or on N persistent ranks.
+    """One model, evaluated on this process (``nproc=1``), on N persistent ranks of its
+    own, or on a shared `RankPool` (``pool=``).
 
     ``model`` is a wrapper, a raw upstream model a plugin recognises, or a zero-argument
     factory. ``evaluate(full_batch, compute_stress)`` returns detached outputs with per-atom
-    rows in the batch's atom order. ``close()`` stops the ranks (atexit does it otherwise).
+    rows in the batch's atom order, after checking that they are finite (every call is a
+    new geometry). ``close()`` stops ranks it started (atexit does it otherwise); a shared
+    pool is its owner's to close.
     """
 
-    def __init__(self, model, nproc: int = 1, config=None, device: str | None = None,
-                 dtype: torch.dtype | None = None):
+    def __init__(self, model=None, nproc: int = 1, config=None, device: str | None = None,
+                 dtype: torch.dtype | None = None, pool: RankPool | None = None,
+                 timeout: float = _DEFAULT_TIMEOUT_S):
         import atexit
         import weakref
 
-        from torch import nn
-
         if int(nproc) < 1:
             raise ValueError(f"nproc must be at least 1, got {nproc}")
+        self.pool, self._owns_pool, self.model = pool, False, None
+        if pool is not None:
+            if model is not None:
+                raise ValueError("give either a model or a pool (the pool holds the model), not both")
+            self.nproc, self.device, self.dtype, self.cutoff = pool.nproc, pool.device, pool.dtype, pool.cutoff
+            return
+        if model is None:
+            raise ValueError("give a model (a wrapper, a raw MACE/UMA model or a factory) or pool=")
         self.nproc = int(nproc)
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        local = build_model_object(model)
-        if not isinstance(local, nn.Module) or not hasattr(local, "model_config"):
-            from mlipdd.plugins import wrap_model
-
-            local = wrap_model(local)  # a raw upstream model (MACE, UMA) its plugin recognises
-        self.cutoff = float(local.cutoff)
-        floating = [t.dtype for t in [*local.parameters(), *local.buffers()] if t.is_floating_point()]
-        self.dtype = dtype or (floating[0] if floating else torch.float64)
-        self.model = local.to(self.device) if self.nproc == 1 else None
-        self.pool = None
         if self.nproc > 1:
-            from mlipdd.distributed.config import DomainConfig
-
-            config = config if config is not None else DomainConfig(cutoff=self.cutoff)
-            self.pool = RankPool(model, config, self.nproc, str(self.device))
+            self.pool = RankPool(model, self.nproc, config, device, dtype, timeout)
+            self._owns_pool = True
+            self.device, self.dtype, self.cutoff = self.pool.device, self.pool.dtype, self.pool.cutoff
             # weak: atexit must not keep the evaluator (and its ranks) alive
             self._finalizer = weakref.finalize(self, self.pool.close)
             atexit.register(self._finalizer)
+            return
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model = local_model(model, dtype).to(self.device)
+        self.dtype = dtype or model_dtype(self.model)
+        self.cutoff = float(self.model.cutoff)
 
     @property
     def pids(self) -> list[int]:
         return self.pool.pids if self.pool is not None else []
 
     def evaluate(self, batch, compute_stress: bool) -> dict[str, torch.Tensor]:
-        if self.pool is not None:
-            return self.pool.evaluate(batch.to(device="cpu"), compute_stress)
-        with torch.enable_grad():  # forces come from autograd, even under a caller's no_grad
-            out = self.model(batch.to(self.device), compute_stress=compute_stress)
-        return {k: v.detach() for k, v in out.items() if torch.is_tensor(v)}
+        if self.pool is None:
+            out = _run_here(self.model, batch.to(self.device), compute_stress)
+            check_finite(out)
+            return out
+        try:
+            out = self.pool.evaluate(batch.to(device="cpu"), compute_stress)
+            check_finite(out)
+        except FloatingPointError as distributed:
+            # is it the model (NaN on one process too) or the decomposition? one process says
+            check_finite(_run_here(self.pool.reference_model, batch.to(device="cpu"), compute_stress))
+            raise FloatingPointError(
+                f"{distributed}\n(one process gives finite results for this geometry: the distributed "
+                "evaluation differs from it; run mlipdd.validate.trace_and_validate on the model)"
+            ) from None
+        return out
 
     def close(self) -> None:
-        """Stop the ranks (nothing to do for ``nproc=1``); safe to call twice."""
-        if self.pool is not None:
+        """Stop the ranks this evaluator started (not a shared pool's); safe to call twice."""
+        if self._owns_pool and self.pool is not None:
             import atexit
 
             self._finalizer()
             atexit.unregister(self._finalizer)
-            self.pool = None
+        self.pool = None if self._owns_pool else self.pool
+
+
+def _run_here(model, batch, compute_stress: bool) -> dict[str, torch.Tensor]:
+    with torch.enable_grad():  # forces come from autograd, even under a caller's no_grad
+        out = model(batch, compute_stress=compute_stress)
+    return {k: v.detach() for k, v in out.items() if torch.is_tensor(v)}
+
+
+def check_finite(out: dict[str, torch.Tensor]) -> None:
+    """Raise `FloatingPointError` naming the output (and atoms) that are NaN or inf."""
+    for name in ("energy", "forces", "stress", "energies"):
+        value = out.get(name)
+        if value is None or bool(torch.isfinite(value).all()):
+            continue
+        where = ""
+        if name in ("forces", "energies"):
+            bad = torch.nonzero(~torch.isfinite(value.reshape(value.shape[0], -1)).all(1)).flatten()
+            where = f" at atoms {bad[:8].tolist()}{' ...' if len(bad) > 8 else ''}"
+        raise FloatingPointError(
+            f"the model returned a non-finite {name}{where} for this geometry; check the structure "
+            "(atoms far closer than a bond, or far from anything the model was trained on) and the "
+            "model (an element it has no data for, a float32 model past its range)"
+        )

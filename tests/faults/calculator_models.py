@@ -1,0 +1,46 @@
+"""Models for the calculator's fault cases; importable by spawned ranks (the tests' own
+directory is on their path), so every rank builds the same one."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from mlipdd.models.lj import LennardJones
+
+ARGON = dict(epsilon=0.0104, sigma=3.4, cutoff=5.5)
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+class NaNAboveVolume(LennardJones):
+    """LJ argon whose energy is NaN once the cell's volume exceeds ``volume`` (A^3): a model
+    finite on one geometry and not on the next, without overlapping atoms (a cell quantity,
+    so ghost copies of atoms see the same as their owners)."""
+
+    def __init__(self, volume: float):
+        super().__init__(**ARGON)
+        self.volume = float(volume)
+
+    def atomic_energies(self, batch, positions, cell):
+        energies = super().atomic_energies(batch, positions, cell)
+        too_big = torch.linalg.det(cell).abs().max() > self.volume
+        return energies + torch.where(too_big, torch.nan, 0.0)
+
+
+class SlowOnRank(LennardJones):
+    """LJ argon that sleeps ``seconds`` on ``rank`` at its ``call``-th force call (a hung rank)."""
+
+    def __init__(self, rank: int, call: int, seconds: float):
+        super().__init__(**ARGON)
+        self.slow_rank, self.slow_call, self.seconds = int(rank), int(call), float(seconds)
+        self.calls = 0
+
+    def atomic_energies(self, batch, positions, cell):
+        self.calls += 1
+        if _rank() == self.slow_rank and self.calls == self.slow_call:
+            time.sleep(self.seconds)
+        return super().atomic_energies(batch, positions, cell)

@@ -1,0 +1,161 @@
+"""The ASE calculator's fault cases (issue 25 items 9 and 12): every call answers or raises
+within seconds, and bad input or a failed call leaves the calculator serving the next one.
+Real ranks (``nproc=2``, gloo) next to one process (``nproc=1``)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from ase import Atoms
+from ase.build import bulk
+from calculator_models import ARGON, NaNAboveVolume
+from mlipdd.ase import MLIPDDCalculator, WorkerError
+from mlipdd.data import InputError
+from mlipdd.models import LennardJones
+from mlipdd.testing.faults import FailsInBackward
+
+NPROCS = [1, 2]
+
+
+def argon(repeat=3, seed=1) -> Atoms:
+    atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(repeat)
+    atoms.set_cell(atoms.cell.array + [[0, 0, 0], [1.1, 0, 0], [0.5, 0.7, 0]], scale_atoms=True)
+    atoms.rattle(0.1, seed=seed)
+    return atoms
+
+
+def one_atom(periodic: bool) -> Atoms:
+    return Atoms("Ar", positions=[[4.0, 5.0, 6.0]], cell=[10.0, 11.0, 12.0], pbc=periodic)
+
+
+def lone_atom_and_pair() -> Atoms:
+    """Two atoms near one wall and one far off: along the cut, one rank owns a lone atom."""
+    return Atoms("Ar3", positions=[[1.0, 5, 5], [4.5, 5, 5], [18.0, 5, 5]], cell=[20, 10, 10], pbc=False)
+
+
+def _props(atoms, calc):
+    atoms = atoms.copy()
+    atoms.calc = calc
+    return atoms.get_potential_energy(), atoms.get_forces()
+
+
+@pytest.fixture(scope="module")
+def one():
+    return MLIPDDCalculator(LennardJones(**ARGON))
+
+
+@pytest.fixture(scope="module")
+def two():
+    with MLIPDDCalculator(LennardJones(**ARGON), nproc=2) as calc:
+        yield calc
+
+
+def test_a_single_atom_and_a_lone_atom_answer_at_two_ranks(one, two):
+    """A rank with nothing to do (was broken: the call hung for the 300 s collective timeout)."""
+    for atoms in (one_atom(False), one_atom(True), lone_atom_and_pair()):
+        start = time.monotonic()
+        energy, forces = _props(atoms, two)
+        assert time.monotonic() - start < 20
+        ref_energy, ref_forces = _props(atoms, one)
+        assert energy == pytest.approx(ref_energy, abs=1e-14)
+        np.testing.assert_allclose(forces, ref_forces, atol=1e-14)
+
+
+def _bad_inputs() -> dict[str, Atoms]:
+    nan = argon()
+    nan.positions[5] = np.nan
+    alien = argon()
+    alien.numbers[4] = 200  # no such element
+    return {"nan": nan, "alien": alien}
+
+
+@pytest.mark.parametrize("nproc", NPROCS)
+def test_bad_input_raises_in_the_caller_and_the_next_call_is_served(nproc, one, two):
+    calc = one if nproc == 1 else two
+    pids = calc.worker_pids
+    good = argon(seed=4)
+    expected = _props(good, one)
+    for name, atoms in _bad_inputs().items():
+        with pytest.raises(InputError):
+            _props(atoms, calc)
+        energy, forces = _props(good, calc)
+        assert energy == pytest.approx(expected[0], rel=1e-12), name
+        np.testing.assert_allclose(forces, expected[1], atol=1e-12)
+    assert calc.worker_pids == pids  # the same ranks
+
+
+def test_a_molecule_without_a_cell_answers_or_raises_and_the_ranks_serve_on(one, two):
+    """Either it runs (a box given automatically) and equals one process, or it is refused
+    as bad input; either way the next call is served by the same ranks (was broken: a
+    refusal on rank 0 killed the ranks for every later call)."""
+    pids = two.worker_pids
+    molecule = Atoms("Ar3", positions=[[0, 0, 0], [3.7, 0, 0], [0, 3.8, 0.2]])
+    try:
+        energy, forces = _props(molecule, two)
+    except InputError:
+        pass
+    else:
+        ref = _props(molecule, one)
+        assert energy == pytest.approx(ref[0], abs=1e-14)
+        np.testing.assert_allclose(forces, ref[1], atol=1e-14)
+    good = argon(seed=5)
+    assert _props(good, two)[0] == pytest.approx(_props(good, one)[0], rel=1e-12)
+    assert two.worker_pids == pids
+
+
+@pytest.mark.parametrize("nproc", NPROCS)
+def test_overlapping_atoms_are_named(nproc, one, two):
+    """Distance 0 (was broken: NaN energy; at 2 ranks a message blaming a scatter rebind)."""
+    calc = one if nproc == 1 else two
+    atoms = argon()
+    atoms.positions[7] = atoms.positions[3]
+    with pytest.raises(InputError, match=r"atoms 3 and 7 overlap: 0 A apart"):
+        _props(atoms, calc)
+    image = argon()
+    image.positions[9] = image.positions[2] + image.cell[0]  # the same site, one cell over
+    with pytest.raises(InputError, match=r"atoms 2 and 9 \(a periodic image\) overlap"):
+        _props(image, calc)
+    assert np.isfinite(_props(argon(seed=6), calc)[1]).all()  # and it serves on
+
+
+@pytest.mark.parametrize("nproc", NPROCS)
+def test_a_non_finite_result_raises_at_every_call(nproc):
+    """Every call is a new geometry (was broken: the ranks looked every 10th call, and NaN
+    reached ASE in between)."""
+    good = argon(repeat=2)
+    volume = good.get_volume()
+    with MLIPDDCalculator(NaNAboveVolume(volume * 1.01), nproc=nproc) as calc:
+        assert np.isfinite(_props(good, calc)[1]).all()
+        for stretch in (1.02, 1.03, 1.04):  # calls 2, 3, 4: between the ranks' own checks
+            bad = good.copy()
+            bad.set_cell(good.cell * stretch ** (1 / 3), scale_atoms=True)
+            with pytest.raises(FloatingPointError, match=r"model returned a non-finite energy"):
+                _props(bad, calc)
+        assert np.isfinite(_props(good, calc)[1]).all()
+
+
+def test_an_error_on_one_rank_is_named_and_the_same_ranks_serve_on():
+    """A model error on rank 1 only (the others wait in a collective): the call raises it
+    naming rank 1 within seconds; the ranks regroup and serve the next call."""
+    atoms = argon(repeat=2)
+    expected = _props(atoms, MLIPDDCalculator(LennardJones(**ARGON)))
+    with MLIPDDCalculator(FailsInBackward(fail_rank=1, fail_call=2), nproc=2) as calc:
+        pids = calc.worker_pids
+        _props(atoms, calc)
+        start = time.monotonic()
+        with pytest.raises(WorkerError, match=r"rank 1.*injected failure"):
+            _props(argon(repeat=2, seed=2), calc)
+        assert time.monotonic() - start < 20
+        energy, forces = _props(atoms, calc)
+        assert calc.worker_pids == pids
+    assert energy == pytest.approx(expected[0], rel=1e-12)
+    np.testing.assert_allclose(forces, expected[1], atol=1e-12)
+
+
+def test_results_are_float64_numpy_for_a_float64_model(two):
+    energy, forces = _props(argon(), two)
+    assert isinstance(energy, float) and forces.dtype == np.float64
+    assert torch.get_default_dtype() == torch.float32  # nothing global changed

@@ -190,6 +190,10 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
     # agreed (a collective): a rank that fails at once must not leave before its peers have
     # joined the group, or they die in the rendezvous with a transport error instead of this
     check_together(cfg.checked)
+    if cfg.checkpoint:  # rank 0 writes it: a second run on the same path stops at once
+        from mlipdd.distributed.checkpoint import hold_checkpoint_path
+
+        compute_on_rank0(hold_checkpoint_path, cfg.checkpoint)  # until this process ends
     # rank 0 builds (or reads) the system and fills in its defaults; every rank runs with
     # them, the model included (a restart's is the checkpoint's: mlipdd.app.restart)
     prepared = compute_on_rank0(prepare_system, cfg)

@@ -255,6 +255,18 @@ def run_simulation(
     """Build everything from ``config``, run it, and return a summary dict (see `format_summary`)."""
     cfg = config if isinstance(config, RunConfig) else RunConfig.from_mapping(config or {})
     cfg.checked()
+    if cfg.checkpoint:  # before anything: a second run on the same path stops at once
+        from mlipdd.distributed.checkpoint import hold_checkpoint_path, release_checkpoint_path
+
+        hold_checkpoint_path(cfg.checkpoint)
+        try:
+            return _run(cfg, thermo_stream)
+        finally:
+            release_checkpoint_path(cfg.checkpoint)
+    return _run(cfg, thermo_stream)
+
+
+def _run(cfg: RunConfig, thermo_stream) -> dict[str, Any]:
     # the settings first: the model of a restart is the checkpoint's
     cfg, batch, checkpoint = prepare_system(cfg)
     model = build_model(cfg)

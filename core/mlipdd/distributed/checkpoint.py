@@ -34,6 +34,7 @@ one line, before torch is asked to read it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import os
@@ -296,6 +297,68 @@ def remove_leftover_temporaries(path: str | Path) -> list[Path]:
     return removed
 
 
+# ---- one writer per checkpoint path -------------------------------------------------------------
+# NOTE [checkpoint lock]: two runs given the same checkpoint path would overwrite each
+# other's state, and each write's clean-up (`remove_leftover_temporaries`) deletes the
+# other run's temporary file mid-write. So a writer holds an exclusive ``flock`` on
+# ``.NAME.lock`` beside the checkpoint for as long as its process runs (the kernel drops
+# it when the process ends, however it ends); a second run is refused in one line naming
+# the holder's pid, which the lock file holds. Held once per process (a run that writes the
+# same path twice in one process, as tests do, shares it).
+_held_locks: dict[Path, int] = {}
+
+
+def _lock_path(path: Path) -> Path:
+    return path.parent / f".{path.name}.lock"
+
+
+def hold_checkpoint_path(path: str | Path) -> Path:
+    """Take the lock of checkpoint ``path`` for this process (NOTE [checkpoint lock]);
+    an `InputError` naming the other run's pid when it is held elsewhere. Idempotent."""
+    import fcntl
+
+    path = Path(path).resolve()
+    if path in _held_locks:
+        return path
+    lock = _lock_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise InputError(
+                f"checkpoint {str(path)!r} is being written by another run (pid {holder}; lock "
+                f"{lock.name}); give this run another --checkpoint path, or wait for that one to end"
+            ) from None
+        # the holder before us may have removed the file after we opened it: lock the live one
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode("ascii"))
+    _held_locks[path] = fd
+    atexit.register(release_checkpoint_path, path)  # the file too (the kernel drops the lock)
+    return path
+
+
+def release_checkpoint_path(path: str | Path) -> None:
+    """Give the lock of ``path`` back (removing its file first, while still held)."""
+    path = Path(path).resolve()
+    fd = _held_locks.pop(path, None)
+    if fd is None:
+        return
+    with contextlib.suppress(OSError):
+        _lock_path(path).unlink()
+    os.close(fd)
+
+
 def save_checkpoint(
     path: str | Path, full: Batch, dynamics, world_size: int = 1, run: dict[str, Any] | None = None
 ) -> Path:
@@ -457,5 +520,6 @@ class CheckpointWriter:
         if self.saved_steps and self.saved_steps[-1] == ctx.step:
             return
         world_size = getattr(_integrator(ctx.dynamics).reduce, "world_size", 1)
+        hold_checkpoint_path(self.path)  # NOTE [checkpoint lock]; a no-op once held
         save_checkpoint(self.path, ctx.batch, ctx.dynamics, world_size, self.run)
         self.saved_steps.append(ctx.step)

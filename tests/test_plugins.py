@@ -182,21 +182,36 @@ def test_env_var_zero_keeps_autoload_on(monkeypatch):
     assert not plugins.autoload_disabled()
 
 
-def test_duplicate_model_name_names_both_plugins(registered):
+def test_a_plugin_shadowing_a_core_model_is_disabled_and_the_core_keeps_it(registered):
     registered(
         "shadowing_plugin", mlipdd_register_models=lambda register: register("lj", ModelWrapper)
     )
-    with pytest.raises(
-        plugins.DuplicateRegistrationError, match="'lj'.*'builtin'.*'shadowing_plugin'"
-    ):
-        plugins.registry()
+    with pytest.warns(RuntimeWarning, match="'lj'.*'builtin'.*'shadowing_plugin'"):
+        reg = plugins.registry()
+    assert reg.models["lj"].plugin == "builtin"
+    (failure,) = reg.failed
+    assert failure.name == "shadowing_plugin" and "shadows the core's name" in failure.error
 
 
-def test_duplicate_preset_name_names_both_plugins(registered):
+def test_duplicate_preset_name_disables_both_plugins(registered):
     registered("first", mlipdd_register_presets=lambda register: register("SPEC_X", object()))
     registered("second", mlipdd_register_presets=lambda register: register("SPEC_X", object()))
-    with pytest.raises(plugins.DuplicateRegistrationError, match="'SPEC_X'.*'first'.*'second'"):
-        plugins.registry()
+    with pytest.warns(RuntimeWarning, match="'SPEC_X'.*'first'.*'second'"):
+        reg = plugins.registry()
+    assert "SPEC_X" not in reg.presets
+    assert [f.name for f in reg.failed] == ["first", "second"]
+    assert {"first", "second"}.isdisjoint(p.name for p in reg.plugins)
+
+
+def test_a_name_registered_twice_by_one_plugin_disables_it(registered):
+    def twice(register):
+        register("twice", ModelWrapper)
+        register("twice", ModelWrapper)
+
+    registered("careless", mlipdd_register_models=twice)
+    with pytest.warns(RuntimeWarning, match="registers model 'twice' twice"):
+        reg = plugins.registry()
+    assert "twice" not in reg.models and "lj" in reg.models
 
 
 def test_plugin_with_unknown_hook_is_reported(registered):

@@ -136,7 +136,6 @@ class _Bad:
 @pytest.mark.parametrize(
     ("name", "cls", "error", "message"),
     [
-        ("halo", EveryRankWhole, plugins.DuplicateRegistrationError, "'builtin' and plugin 'bad'"),
         ("mine", object, plugins.PluginError, "not a subclass of mlipdd.strategy.Strategy"),
     ],
 )
@@ -145,6 +144,16 @@ def test_the_core_owns_registration_errors(name, cls, error, message):
     try:
         with pytest.raises(error, match=message):
             plugins.registry()
+    finally:
+        plugins.unregister_plugin("bad")
+
+
+def test_a_plugin_claiming_a_core_strategy_name_is_disabled():
+    plugins.register_plugin(_Bad("halo", EveryRankWhole), "bad")
+    try:
+        with pytest.warns(RuntimeWarning, match="'halo'.*'builtin' and plugin 'bad'"):
+            reg = plugins.registry()
+        assert reg.strategies["halo"].plugin == "builtin"
     finally:
         plugins.unregister_plugin("bad")
 

@@ -75,8 +75,8 @@ def mlipdd_register_models(register: RegisterModel) -> None:
     packages inside the factory, not at plugin import time, so that listing plugins
     stays fast and a missing upstream package only fails when that model is used.
 
-    Registering a name that another plugin already registered raises
-    ``DuplicateRegistrationError`` naming both plugins.
+    A name another plugin registers too is a clash: both plugins are disabled and
+    reported (NOTE [name clashes] in ``mlipdd.plugins``); a core name stays the core's.
 
     :param register: callback ``(name: str, factory, description: str = "") -> None``.
     """
@@ -90,7 +90,8 @@ def mlipdd_register_presets(register: RegisterPreset) -> None:
     ``mlipdd.plugins.get_preset(name)`` returns it. By convention preset names are
     upper case with a ``SPEC_`` prefix, e.g. ``SPEC_MPNN_HALO``.
 
-    Duplicate names raise ``DuplicateRegistrationError`` naming both plugins.
+    A name another plugin registers too is a clash: both plugins are disabled and
+    reported (NOTE [name clashes] in ``mlipdd.plugins``); a core name stays the core's.
 
     :param register: callback ``(name: str, spec: MLIPSpec) -> None``.
     """
@@ -132,8 +133,9 @@ def mlipdd_register_strategies(register: RegisterStrategy) -> None:
     ``"sharded"`` and ``"graph_partition"`` register through this hook too. A
     strategy built on spatial ownership composes ``mlipdd.strategy.HaloPlanner``.
 
-    A name registered by two plugins raises ``DuplicateRegistrationError`` naming
-    both; a class that is not a ``Strategy`` subclass raises ``PluginError``.
+    A name another plugin registers too is a clash: both plugins are disabled and
+    reported (NOTE [name clashes] in ``mlipdd.plugins``); a core name stays the core's.
+    A class that is not a ``Strategy`` subclass raises ``PluginError``.
 
     :param register: callback ``(name: str, strategy_cls, description: str = "") -> None``.
     """

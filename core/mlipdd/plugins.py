@@ -32,7 +32,6 @@ from mlipdd.hookspecs import PROJECT_NAME, hookimpl
 __all__ = [
     "AUTOLOAD_ENV_VAR",
     "ENTRY_POINT_GROUP",
-    "DuplicateRegistrationError",
     "ModelArgumentError",
     "PluginError",
     "UnknownNameError",
@@ -64,10 +63,6 @@ _INSTALL_HINTS = {
 
 class PluginError(RuntimeError):
     """A plugin misbehaved, or asked-for plugin content does not exist."""
-
-
-class DuplicateRegistrationError(PluginError):
-    """Two plugins registered the same name."""
 
 
 class UnknownNameError(PluginError, LookupError):
@@ -232,28 +227,32 @@ def registry() -> Registry:
 
 def _build_registry(manager: pluggy.PluginManager) -> Registry:
     reg = Registry()
+    # NOTE [name clashes]: every registration is collected first, as (kind, name) ->
+    # [(plugin, value)], and only then checked, so the verdict does not depend on the
+    # order plugins load in. A name two plugins claim is nobody's: both plugins are
+    # disabled whole (reported in `Registry.failed`, so `mlipdd plugins --strict` exits 1)
+    # and everything else keeps working. The built-in plugin is never disabled: a plugin
+    # claiming a core name (lj, halo) is the one that goes.
+    claims: dict[tuple[str, str], list[tuple[str, object]]] = {}
     spec_module_sources: list[tuple[str, str, bool]] = []  # (module, plugin, patch_only), filtered at the end
+
+    def claim(kind: str, name: str, plugin: str, value: object) -> None:
+        _check_name(kind, name, plugin)
+        claims.setdefault((kind, name), []).append((plugin, value))
 
     def model_registrar(plugin: str):
         def register(name: str, factory: Callable[..., Any], description: str = "") -> None:
-            _check_name("model", name, plugin)
             if not callable(factory):
                 raise PluginError(
                     f"plugin {plugin!r} registered model {name!r} with a non-callable factory {factory!r}"
                 )
-            if name in reg.models:
-                _duplicate("model", name, reg.models[name].plugin, plugin)
-            reg.models[name] = ModelEntry(factory, description, plugin)
+            claim("model", name, plugin, ModelEntry(factory, description, plugin))
 
         return register
 
     def preset_registrar(plugin: str):
         def register(name: str, spec: object) -> None:
-            _check_name("preset", name, plugin)
-            if name in reg.presets:
-                _duplicate("preset", name, reg.preset_plugins[name], plugin)
-            reg.presets[name] = spec
-            reg.preset_plugins[name] = plugin
+            claim("preset", name, plugin, spec)
 
         return register
 
@@ -267,9 +266,7 @@ def _build_registry(manager: pluggy.PluginManager) -> Registry:
                     f"plugin {plugin!r} registered strategy {name!r} as {strategy!r}, which is not a "
                     "subclass of mlipdd.strategy.Strategy; subclass it and implement its abstract methods"
                 )
-            if name in reg.strategies:
-                _duplicate("strategy", name, reg.strategies[name].plugin, plugin)
-            reg.strategies[name] = StrategyEntry(strategy, description, plugin)
+            claim("strategy", name, plugin, StrategyEntry(strategy, description, plugin))
 
         return register
 
@@ -306,27 +303,56 @@ def _build_registry(manager: pluggy.PluginManager) -> Registry:
             try:
                 impl.function(**{arg: register for arg in impl.argnames})
             except PluginError:
-                raise  # duplicates and bad registrations are errors of the install, not skips
+                raise  # a malformed registration is an error of the plugin's code, not a skip
             except Exception as exc:  # noqa: BLE001 - a crashing plugin is skipped, not fatal
-                # Skipped like a plugin that failed to import: out of the manager too,
-                # so its lookup hooks (wrap_model) are not asked either.
-                broken.add(impl.plugin_name)
-                _report_failure(
-                    _plugin_info.pop(impl.plugin_name),
-                    f"{hook_name} raised {type(exc).__name__}: {exc}",
-                )
-                manager.unregister(name=impl.plugin_name)
-    # A plugin that crashed part-way is skipped whole: drop what it did register.
+                _disable(manager, broken, impl.plugin_name, f"{hook_name} raised {type(exc).__name__}: {exc}")
+    for (kind, name), contenders in sorted(claims.items()):
+        owners = [plugin for plugin, _ in contenders if plugin not in broken]
+        if len(owners) > 1:
+            clash = _clash_message(kind, name, owners)
+            for plugin in dict.fromkeys(owners):  # each plugin once, in order
+                if plugin != BUILTIN_PLUGIN_NAME:
+                    _disable(manager, broken, plugin, clash)
+    for (kind, name), contenders in sorted(claims.items()):
+        for plugin, value in contenders:
+            if plugin in broken:
+                continue
+            if kind == "model":
+                reg.models[name] = value
+            elif kind == "preset":
+                reg.presets[name], reg.preset_plugins[name] = value, plugin
+            else:
+                reg.strategies[name] = value
+    # A plugin that was disabled part-way is skipped whole: drop what it did register.
     kept = [(module, patch_only) for module, plugin, patch_only in spec_module_sources if plugin not in broken]
     reg.spec_modules = {module for module, patch_only in kept if not patch_only}
     reg.spec_patch_modules = {module for module, patch_only in kept if patch_only} - reg.spec_modules
-    reg.models = {n: e for n, e in reg.models.items() if e.plugin not in broken}
-    reg.presets = {n: s for n, s in reg.presets.items() if reg.preset_plugins[n] not in broken}
-    reg.preset_plugins = {n: p for n, p in reg.preset_plugins.items() if p not in broken}
-    reg.strategies = {n: e for n, e in reg.strategies.items() if e.plugin not in broken}
     reg.plugins = list(_plugin_info.values())
     reg.failed = list(_load_failures)
     return reg
+
+
+def _disable(manager: pluggy.PluginManager, broken: set[str], plugin: str, why: str) -> None:
+    """Skip ``plugin`` like one that failed to import: reported, out of the manager too,
+    so its lookup hooks (wrap_model) are not asked either."""
+    if plugin in broken:
+        return
+    broken.add(plugin)
+    _report_failure(_plugin_info.pop(plugin, PluginInfo(plugin, None, None)), why)
+    if manager.has_plugin(plugin):
+        manager.unregister(name=plugin)
+
+
+def _clash_message(kind: str, name: str, owners: list[str]) -> str:
+    distinct = list(dict.fromkeys(owners))
+    if len(distinct) == 1:
+        return f"registers {kind} {name!r} twice; register each name once"
+    who = " and ".join(f"plugin {p!r}" for p in distinct)
+    core = BUILTIN_PLUGIN_NAME in distinct
+    disabled = ("the plugin that shadows the core's name is disabled" if core
+                else "both are disabled, the other plugins work")
+    return (f"{kind} {name!r} is registered by both {who}: {disabled}; uninstall one of them, "
+            f"or disable autoload ({AUTOLOAD_ENV_VAR}=1) and register the one you want by hand")
 
 
 def _check_name(kind: str, name: object, plugin: str) -> None:
@@ -334,13 +360,6 @@ def _check_name(kind: str, name: object, plugin: str) -> None:
         raise PluginError(
             f"plugin {plugin!r} registered a {kind} with an invalid name {name!r}; use a non-empty str"
         )
-
-
-def _duplicate(kind: str, name: str, first: str, second: str) -> None:
-    raise DuplicateRegistrationError(
-        f"{kind} {name!r} is registered by both plugin {first!r} and plugin {second!r}; "
-        f"uninstall one of them or disable one with {AUTOLOAD_ENV_VAR}=1 and register the other by hand"
-    )
 
 
 def reset_registry() -> None:

@@ -32,15 +32,15 @@ class NaNAboveVolume(LennardJones):
 
 
 class SlowOnRank(LennardJones):
-    """LJ argon that sleeps ``seconds`` on ``rank`` at its ``call``-th force call (a hung rank)."""
+    """LJ argon that sleeps ``seconds`` on ``rank`` when the cell's volume exceeds ``volume``
+    (A^3): a rank busy or hung in one chosen call (a geometry, not a call count: the first
+    call may run the model more than once)."""
 
-    def __init__(self, rank: int, call: int, seconds: float):
+    def __init__(self, rank: int, volume: float, seconds: float):
         super().__init__(**ARGON)
-        self.slow_rank, self.slow_call, self.seconds = int(rank), int(call), float(seconds)
-        self.calls = 0
+        self.slow_rank, self.volume, self.seconds = int(rank), float(volume), float(seconds)
 
     def atomic_energies(self, batch, positions, cell):
-        self.calls += 1
-        if _rank() == self.slow_rank and self.calls == self.slow_call:
+        if _rank() == self.slow_rank and float(torch.linalg.det(cell).abs().max()) > self.volume:
             time.sleep(self.seconds)
         return super().atomic_energies(batch, positions, cell)

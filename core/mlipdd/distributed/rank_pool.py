@@ -40,6 +40,7 @@ _START_TIMEOUT_S = 300.0  # model import and group formation on a busy machine
 _STOP_TIMEOUT_S = 10.0
 _STOPPED_GRACE_S = 3.0  # a rank stopped (SIGSTOP) this long while a call waits fails the call
 _DEFAULT_TIMEOUT_S = 300.0
+_ANSWER_GRACE_S = 10.0
 
 
 class WorkerError(RuntimeError):
@@ -102,7 +103,7 @@ class RankPool:
             self._procs.append(proc)
         self.starts += 1
         try:
-            self._collect(_START_TIMEOUT_S)
+            self._collect(_START_TIMEOUT_S, starting=True)
         except BaseException:
             self._kill()
             raise
@@ -158,7 +159,9 @@ class RankPool:
             self._start()
         for rank, conn in enumerate(self._conns):
             conn.send(("compute", full if rank == 0 else None, compute_stress))
-        answers = self._collect(self.timeout + _STOPPED_GRACE_S)
+        # past the ranks' own collective timeout, and the failing rank's wait for its peers
+        # to read its message (`fail_together`): a rank that times out names itself first
+        answers = self._collect(self.timeout + _ANSWER_GRACE_S)
         failed = [a for a in answers if a[0] == "failed"]
         if not failed:
             return answers[0][1]
@@ -169,7 +172,7 @@ class RankPool:
                 raise error(next(a[2] for a in sorted(failed, key=lambda a: a[3]) if a[1] == kind))
         raise WorkerError(f"{origin[2]}\n(the ranks are intact and serve the next call)")
 
-    def _collect(self, timeout: float) -> list[tuple]:
+    def _collect(self, timeout: float, starting: bool = False) -> list[tuple]:
         """One answer per rank, within ``timeout`` seconds. A rank that dies, stays stopped
         or does not answer raises `WorkerError` naming it; the other ranks are killed."""
         deadline = time.monotonic() + timeout
@@ -202,17 +205,19 @@ class RankPool:
                                       f"within {timeout:.0f} s")
         start_failures = [a[2] for a in answers if a is not None and a[0] == "failed" and a[1] == "start"]
         if lost or start_failures:
-            self._kill()  # the group is broken: the others can only wait for the lost rank
             why = "; ".join(lost[r] for r in sorted(lost)) if lost else start_failures[0]
-            raise WorkerError(f"{why}; the other ranks were stopped{self._restart_note()}")
+            if MAIN_REIMPORT_EXIT_CODE in [p.exitcode for p in self._procs]:
+                why = unguarded_main_message()
+            elif not starting:
+                why += "; the other ranks were stopped" + self._restart_note()
+            self._kill()  # the group is broken: the others can only wait for the lost rank
+            raise WorkerError(why)
         return answers  # type: ignore[return-value]
 
     def _death(self, rank: int, proc) -> str:
         from mlipdd.distributed.supervise import describe_exit
 
         code = proc.exitcode
-        if code == MAIN_REIMPORT_EXIT_CODE:
-            return unguarded_main_message()
         return f"rank {rank} (pid {proc.pid}) {describe_exit(code) if code is not None else 'died'}"
 
     def _restart_note(self) -> str:

@@ -88,8 +88,8 @@ class TrajectoryWriter:
             raise InputError(
                 f"could not write a frame (step {atoms.info.get('step')}) to trajectory "
                 f"{str(self.path)!r}: {exc.strerror or exc}; the file keeps its "
-                f"{self.frames_written} whole frame(s) from this run; free space (or write "
-                "elsewhere) and continue from the checkpoint"
+                f"{self.frames_written} whole frame(s) from this run; free space or write "
+                "elsewhere, then run again (--restart continues from a --checkpoint)"
             ) from None
         self.frames_written += 1
 

@@ -223,8 +223,11 @@ def test_policy_rebuild_rule():
     moved.positions[3] += torch.tensor([0.0, 0.02, 0.0], dtype=torch.float64)  # now 0.21 > 0.2
     assert policy.needs_rebuild(moved)
 
+    # a changed cell keeps the list while the strain bound holds (NOTE [skin under strain])
     strained = data.clone()
     strained.cell = strained.cell * 1.001
+    assert not policy.needs_rebuild(strained)
+    strained.cell = data.cell * 0.85  # periodic images 15 % closer: 2.5 / 0.85 > 2.9
     assert policy.needs_rebuild(strained)
 
     reordered = data.clone()

@@ -182,8 +182,8 @@ class NeighborListPolicy:
 
     A list built with a skin stays valid (holds every pair within ``cutoff``) until
     some atom has moved more than ``skin / 2``: two atoms approaching each other can
-    then close at most ``skin`` of distance. A changed cell, periodicity or atom set
-    always invalidates it. `needs_rebuild` is a rank-local answer; a distributed
+    then close at most ``skin`` of distance. A changed cell (a barostat) keeps it while
+    `strained_list_invalid` says it holds; a changed periodicity or atom set invalidates it. `needs_rebuild` is a rank-local answer; a distributed
     runtime reduces it across ranks before acting on it.
     """
 
@@ -221,14 +221,16 @@ class NeighborListPolicy:
             return True
         if not torch.equal(_plain(batch.atom_ids), self._atom_ids):
             return True
-        if not torch.equal(_plain(batch.cell).detach(), self._cell):
-            return True
         if not torch.equal(_plain(batch.pbc), self._pbc):
             return True
         if positions.shape[0] == 0:
             return False
-        displacement = (positions - self._positions).norm(dim=1).max()
-        return bool(displacement > 0.5 * self.skin)
+        cell = _plain(batch.cell).detach()
+        if torch.equal(cell, self._cell):
+            displacement = (positions - self._positions).norm(dim=1).max()
+            return bool(displacement > 0.5 * self.skin)
+        return strained_list_invalid(positions, cell, self._positions, self._cell,
+                                     _plain(batch.batch), self.cutoff, self.skin)
 
     def update(self, batch: Batch) -> tuple[NeighborList, bool]:
         """Rebuild when needed; returns the current list and whether it was rebuilt."""
@@ -238,6 +240,36 @@ class NeighborListPolicy:
         if neighbors is None:  # same geometry but a fresh batch object: rebuild to attach
             return self.build(batch), True
         return neighbors, False
+
+
+def strained_list_invalid(positions, cell, ref_positions, ref_cell, system_of_atom,
+                          cutoff: float, skin: float) -> bool:
+    """Whether a list built at (``ref_positions``, ``ref_cell``) with ``cutoff + skin`` may
+    now miss a pair within ``cutoff``, after the atoms moved AND the cell changed (a
+    barostat strains it every step).
+
+    NOTE [skin under strain]: the list stores image shifts, not vectors, so a listed pair's
+    distance is always recomputed from today's cell. Only unlisted pairs matter. Write
+    today's cell as ``h = h0 M`` (``M`` the strain since the build) and map each atom back
+    to the reference cell through its fractional coordinates, ``x' = x h^-1 h0``; a pair's
+    vector is then ``d = d' M``, with ``|d' - d0| <= 2 delta`` (``delta`` the largest
+    displacement in the reference frame). An unlisted pair had ``|d0| > cutoff + skin``, so
+    ``|d| >= s_min(M) (cutoff + skin - 2 delta)``, ``s_min`` the smallest singular value of
+    ``M``. The list holds while that is at least ``cutoff``:
+    ``delta <= (cutoff + skin - cutoff / s_min) / 2``, which is ``skin / 2`` without strain.
+    A cell that cannot be inverted (a non-periodic axis without a vector) rebuilds.
+    """
+    if bool((torch.linalg.det(cell).abs() < 1e-12).any()) or bool(
+        (torch.linalg.det(ref_cell).abs() < 1e-12).any()
+    ):
+        return True
+    strain = torch.linalg.solve(ref_cell, cell)  # M per system: h0 M = h
+    smallest = torch.linalg.svdvals(strain).min(dim=-1).values
+    back = torch.linalg.solve(strain, torch.eye(3, dtype=cell.dtype, device=cell.device))  # M^-1
+    mapped = torch.einsum("ni,nij->nj", positions, back[system_of_atom])
+    delta = (mapped - ref_positions).norm(dim=1)
+    allowed = 0.5 * (cutoff + skin - cutoff / smallest)  # per system; negative: strained too far
+    return bool((delta > allowed[system_of_atom]).any() | (allowed <= 0).any())
 
 
 # ---- helpers -------------------------------------------------------------------------

@@ -19,8 +19,36 @@ from __future__ import annotations
 import math
 
 import torch
+from mlipdd.data import InputError
 
 COULOMB_METHODS = ("dsf", "simple", "none")
+SYSTEM_KINDS = ("molecule", "periodic")  # index: whether a system has a periodic direction
+
+
+def coulomb_per_kind(coulomb, needs_coulomb: bool) -> dict[str, str]:
+    """``{"molecule": method, "periodic": method}`` from a wrapper's ``coulomb`` argument."""
+    if coulomb is None:
+        coulomb = "dsf" if needs_coulomb else "none"
+    per_kind = dict.fromkeys(SYSTEM_KINDS, coulomb) if isinstance(coulomb, str) else dict(coulomb)
+    if set(per_kind) != set(SYSTEM_KINDS):
+        raise ValueError(
+            f"coulomb={coulomb!r}: give one method for every system, or one per kind of system with "
+            f"exactly the keys {SYSTEM_KINDS}, e.g. {{'molecule': 'simple', 'periodic': 'dsf'}}"
+        )
+    for kind, method in per_kind.items():
+        if method not in COULOMB_METHODS:
+            raise ValueError(f"coulomb={coulomb!r}: {kind} method {method!r} is not one of {COULOMB_METHODS}")
+        if method != "none" and not needs_coulomb:
+            raise ValueError(
+                f"coulomb={coulomb!r} was asked for, but this model has no Coulomb term outside its network "
+                "(metadata needs_coulomb is False); use coulomb='none'"
+            )
+    if per_kind["periodic"] == "simple" and per_kind["molecule"] != "simple":
+        raise ValueError(
+            f"coulomb={coulomb!r}: the all-pairs sum cannot be the periodic method (the pairs with periodic "
+            "images never end); use 'dsf' for periodic systems"
+        )
+    return per_kind
 
 
 def coulomb_factor() -> float:
@@ -36,6 +64,30 @@ def simple_energy(data: dict) -> torch.Tensor:
 
     module = LRCoulomb(key_in="charges", key_out="energy", method="simple", subtract_sr=False)
     return module.coul_simple(data)
+
+
+def check_all_pairs(data: dict, chosen: torch.Tensor, cutoff: float) -> None:
+    """Refuse an all-pairs system whose Coulomb matrix misses pairs (a molecule wider than ``cutoff``).
+
+    Every atom of such a system must list all others: the row counts are summed per
+    system (local rows + all_reduce under DD, so every rank sees the same sums and
+    raises together), ``chosen`` (per system, 1.0 for the all-pairs systems) picks them.
+    """
+    from aimnet import nbops
+
+    ones = torch.ones_like(data["charges"])
+    atoms = nbops.mol_sum(ones, data)
+    _, listed = nbops.get_ij(ones, data, suffix="_lr")
+    listed = listed.masked_fill(data["mask_ij_lr"], 0.0).sum(-1)
+    missing = (atoms.index_select(0, data["mol_idx"]) - 1.0 - listed)
+    missing = nbops.mol_sum(missing, data) * chosen.to(missing.dtype)
+    if bool((missing > 0.5).any()):
+        systems = torch.nonzero(missing > 0.5).flatten().tolist()
+        raise InputError(
+            f"system(s) {systems} take the all-pairs Coulomb sum, but some of their atoms are farther apart than "
+            f"simple_cutoff={cutoff} A, so pairs would be missing; raise simple_cutoff above the largest "
+            "molecule's extent, or use DSF for molecules (coulomb={'molecule': 'dsf', ...})"
+        )
 
 
 def dsf_energy(data: dict, alpha: float, cutoff: float) -> torch.Tensor:

@@ -76,12 +76,13 @@ def edge_lengths(positions: torch.Tensor, cell: torch.Tensor, system: torch.Tens
 
 
 def aimnet_inputs(batch: Batch, positions: torch.Tensor, cell: torch.Tensor, charge: torch.Tensor,
-                  short_cutoff: float, long_cutoff: float | None) -> dict:
+                  short_cutoff: float, long_cutoff: float | torch.Tensor | None) -> dict:
     """aimnet's input dict (flat layout, already "prepared") for ``positions`` / ``cell``.
 
     ``positions`` and ``cell`` may be the strained copies of the batch's (stress). Edges
     longer than ``short_cutoff`` are left out of ``nbmat`` (the network's matrix); with a
-    ``long_cutoff`` the Coulomb matrix ``nbmat_lr`` keeps the edges within it.
+    ``long_cutoff`` (one for all, or one per system) the Coulomb matrix ``nbmat_lr`` keeps
+    the edges within it.
     """
     neighbors = batch.neighbors
     edge_index = neighbors.edge_index.to(positions.device)
@@ -103,6 +104,8 @@ def aimnet_inputs(batch: Batch, positions: torch.Tensor, cell: torch.Tensor, cha
     for suffix, cutoff in (("", short_cutoff), ("_lr", long_cutoff)):
         if cutoff is None:
             continue
+        if isinstance(cutoff, torch.Tensor):
+            cutoff = cutoff[batch.batch[edge_index[1]]]
         keep = (lengths < cutoff) & ~self_edge
         matrix = neighbor_matrix(edge_index[0][keep], edge_index[1][keep], unit_shifts[keep], n_rows)
         # a ghost atom has no edges here: its row of the table is padding (refreshed after

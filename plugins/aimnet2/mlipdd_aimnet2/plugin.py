@@ -31,14 +31,16 @@ def make_aimnet2_model(model=None, *, path: str | Path | None = None, name: str 
         return AIMNet2Wrapper.from_name(name, device=device, dtype=dtype, **options)
     if isinstance(model, (str, Path)):
         raise TypeError(f"got the string {str(model)!r} as a model; pass path= for a file or name= for a registry name")
-    model = model.to(device)
-    return AIMNet2Wrapper(model.to(dtype) if dtype is not None else model, **options)
+    from mlipdd_aimnet2.building import to_dtype
+
+    return AIMNet2Wrapper(to_dtype(model.to(device), dtype), **options)
 
 
 @hookimpl
 def mlipdd_register_models(register) -> None:
     register("aimnet2", make_aimnet2_model,
-             description="AIMNet2 (aimnet): path=, name= or a model object; coulomb='dsf'|'simple'|'none'")
+             description="AIMNet2 (aimnet): path=, name= or a model object; coulomb='dsf'|'simple'|'none' "
+                         "or {'molecule': ..., 'periodic': ...}")
 
 
 @hookimpl

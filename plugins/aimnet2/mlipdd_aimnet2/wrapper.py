@@ -17,7 +17,14 @@ import torch
 from mlipdd.data import Batch, InputError
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig, strained
 
-from mlipdd_aimnet2.coulomb import COULOMB_METHODS, dsf_energy, simple_energy
+from mlipdd_aimnet2.coulomb import (
+    COULOMB_METHODS,
+    SYSTEM_KINDS,
+    check_all_pairs,
+    coulomb_per_kind,
+    dsf_energy,
+    simple_energy,
+)
 from mlipdd_aimnet2.inputs import aimnet_inputs
 from mlipdd_aimnet2.versions import require_aimnet
 
@@ -57,8 +64,11 @@ def _check_outputs(model) -> None:
 class AIMNet2Wrapper(ModelWrapper):
     """Energy, forces, stress and per-atom charges from an aimnet `AIMNet2` model.
 
-    ``coulomb``: ``"dsf"`` (periodic systems; default for models that need Coulomb),
-    ``"simple"`` (all pairs, open systems only) or ``"none"``. ``charge`` is the total
+    ``coulomb``: ``"dsf"`` (damped shifted force, every system; the default for models
+    that need Coulomb, as aimnet's calculator does for a batch with a cell), ``"simple"``
+    (all pairs, open systems only), ``"none"``, or one per kind of system, e.g.
+    ``{"molecule": "simple", "periodic": "dsf"}`` for a batch mixing molecules and
+    crystals (a system is periodic when any of its directions is). ``charge`` is the total
     charge of systems whose batch carries none (``batch.charge`` wins). ``dispersion``
     must be ``False`` for a model whose metadata asks for DFT-D3 outside the network:
     mlipdd-aimnet2 does not compute it (the energies then lack that term).
@@ -95,20 +105,15 @@ class AIMNet2Wrapper(ModelWrapper):
             )
         has_sr = any(type(m).__name__ == "SRCoulomb" for m in model.outputs.children())
         needs_coulomb = bool(metadata.get("needs_coulomb", has_sr))
-        if coulomb is None:
-            coulomb = "dsf" if needs_coulomb else "none"
-        if coulomb not in COULOMB_METHODS:
-            raise ValueError(f"coulomb={coulomb!r} is not one of {COULOMB_METHODS}")
-        if coulomb != "none" and not needs_coulomb:
-            raise ValueError(
-                f"coulomb={coulomb!r} was asked for, but this model has no Coulomb term outside its network "
-                "(metadata needs_coulomb is False); use coulomb='none'"
-            )
+        self.coulomb_methods = coulomb_per_kind(coulomb, needs_coulomb)
         self.model = model
         self.metadata = metadata
-        self.coulomb = coulomb
+        methods = set(self.coulomb_methods.values())
+        self.coulomb = methods.pop() if len(methods) == 1 else dict(self.coulomb_methods)
         self.dsf_alpha = float(dsf_alpha)
-        self.coulomb_cutoff = {"dsf": float(dsf_cutoff), "simple": float(simple_cutoff)}.get(coulomb)
+        self.method_cutoffs = {"dsf": float(dsf_cutoff), "simple": float(simple_cutoff), "none": 0.0}
+        used = [self.method_cutoffs[m] for m in self.coulomb_methods.values() if m != "none"]
+        self.coulomb_cutoff = max(used) if used else None
         self.charge = float(charge)
         self.short_cutoff = float(model.aev.rc_s)
         if species is None:
@@ -125,7 +130,7 @@ class AIMNet2Wrapper(ModelWrapper):
             outputs=frozenset({"energy", "forces", "stress", "charges"}),
             autograd_outputs=frozenset({"forces", "stress"}),
             supported_dtypes=(dtype,),
-            extra={"aimnet_version": self.aimnet_version, "coulomb": coulomb, "species": self.species},
+            extra={"aimnet_version": self.aimnet_version, "coulomb": self.coulomb, "species": self.species},
         )
         model.requires_grad_(False)
         self.eval()
@@ -185,18 +190,17 @@ class AIMNet2Wrapper(ModelWrapper):
                 f"AIMNet2 was not trained on atomic number(s) {bad}; it covers {list(self.species)}: "
                 "remove those atoms or use a model trained on them"
             )
-        periodic = batch.pbc.bool().any(dim=1)
-        if self.coulomb == "simple" and bool(periodic.any()):
+        if self.coulomb_methods["periodic"] == "simple" and bool(batch.pbc.bool().any()):
             raise InputError(
                 "coulomb='simple' (aimnet's all-pairs Coulomb) cannot sum a periodic cell: the pairs with "
-                "periodic images never end; use coulomb='dsf' for periodic systems"
+                "periodic images never end; use coulomb='dsf' for periodic systems, or "
+                "coulomb={'molecule': 'simple', 'periodic': 'dsf'} for a batch of both"
             )
-        if self.coulomb == "dsf" and not bool(periodic.all()):
-            raise InputError(
-                "coulomb='dsf' is the periodic Coulomb setting, but the batch holds a system without any "
-                "periodic direction; use coulomb='simple' (all pairs) for molecules, or give the system "
-                "a periodic cell"
-            )
+
+    def system_methods(self, batch: Batch) -> list[str]:
+        """The Coulomb method of each system (``coulomb_methods`` of its kind)."""
+        periodic = batch.pbc.bool().any(dim=1).tolist()
+        return [self.coulomb_methods[SYSTEM_KINDS[int(p)]] for p in periodic]
 
     # ---- forward ----------------------------------------------------------------------
     def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
@@ -233,14 +237,26 @@ class AIMNet2Wrapper(ModelWrapper):
 
     def _energy(self, batch: Batch, positions, cell, charge) -> tuple[torch.Tensor, dict]:
         """Energy per system (network + the wrapper's Coulomb term) and aimnet's output dict."""
-        data = aimnet_inputs(batch, positions, cell, charge, self.short_cutoff, self.coulomb_cutoff)
+        methods = self.system_methods(batch)
+        long_cutoff = None
+        if self.coulomb_cutoff is not None:
+            # each system's Coulomb matrix keeps the pairs its own method reads (a crystal next
+            # to all-pairs molecules keeps its DSF-deep rows narrow)
+            long_cutoff = torch.tensor([self.method_cutoffs[m] for m in methods], dtype=positions.dtype,
+                                       device=positions.device)
+        data = aimnet_inputs(batch, positions, cell, charge, self.short_cutoff, long_cutoff)
         data = self.model.forward_prepared(data)
         energy = data["energy"].to(torch.float64)
-        if self.coulomb == "dsf":
-            energy = energy + dsf_energy(data, self.dsf_alpha, self.coulomb_cutoff)
-        elif self.coulomb == "simple":
-            energy = energy + simple_energy(data)
+        for method, term in (("dsf", self._dsf_energy), ("simple", simple_energy)):
+            chosen = torch.tensor([m == method for m in methods], dtype=torch.float64, device=positions.device)
+            if bool(chosen.any()):
+                if method == "simple":
+                    check_all_pairs(data, chosen, self.method_cutoffs["simple"])
+                energy = energy + term(data) * chosen
         return energy, data
+
+    def _dsf_energy(self, data: dict) -> torch.Tensor:
+        return dsf_energy(data, self.dsf_alpha, self.method_cutoffs["dsf"])
 
     def atomic_energies_and_charges(self, batch: Batch, positions, cell) -> tuple[torch.Tensor, torch.Tensor]:
         """(energy per atom, charges), both attached to ``positions``: the charge-model protocol
@@ -252,7 +268,7 @@ class AIMNet2Wrapper(ModelWrapper):
         sums, and so energies, forces and stress, are exact; the shares are not site energies.
         The atom count is aimnet's own per-system sum, so it is right under DD as well.
         """
-        if self.coulomb != "none":
+        if set(self.coulomb_methods.values()) != {"none"}:
             raise InputError(
                 f"AIMNet2Wrapper(coulomb={self.coulomb!r}) already adds a Coulomb term; feeding its charges to "
                 "another electrostatics model would count it twice: build it with coulomb='none'"

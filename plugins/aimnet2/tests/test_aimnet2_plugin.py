@@ -71,8 +71,13 @@ def test_bad_input_is_refused_with_the_fix(model):
         wrapper(half)
     pair = molecular_crystal((1, 1, 2))
     molecule = Batch.from_data_list([AtomicData(positions=pair.positions, atomic_numbers=pair.atomic_numbers)])
-    with pytest.raises(InputError, match="periodic Coulomb setting.*coulomb='simple'"):
-        wrapper(molecule)
+    narrow = AIMNet2Wrapper(model, dispersion=False, coulomb="simple", simple_cutoff=3.0)
+    with pytest.raises(InputError, match=r"system\(s\) \[0\] take the all-pairs.*raise simple_cutoff"):
+        narrow(molecule)
+    with pytest.raises(ValueError, match="exactly the keys"):
+        AIMNet2Wrapper(model, dispersion=False, coulomb={"molecule": "simple"})
+    with pytest.raises(ValueError, match="cannot be the periodic method"):
+        AIMNet2Wrapper(model, dispersion=False, coulomb={"molecule": "dsf", "periodic": "simple"})
     all_pairs = AIMNet2Wrapper(model, dispersion=False, coulomb="simple")
     with pytest.raises(InputError, match="cannot sum a periodic cell.*coulomb='dsf'"):
         all_pairs(crystal)

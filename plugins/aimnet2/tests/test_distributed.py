@@ -90,7 +90,9 @@ def _bad_input(rank, world_size, case):
         batch = triclinic_crystal()
         batch.system["charge"] = torch.tensor([0.3], dtype=torch.float64)
     else:
-        # a cluster in a vacuum box (spatial decomposition needs a box), periodic nowhere
+        # a cluster in a vacuum box (spatial decomposition needs a box), periodic nowhere, wider
+        # than the all-pairs cutoff: each rank finds pairs missing on its own atoms
+        model = random_aimnet2_wrapper(seed=0, coulomb="simple", simple_cutoff=3.0)
         pair = molecular_crystal((2, 1, 1))
         batch = Batch.from_data_list([AtomicData(positions=pair.positions + 10.0, atomic_numbers=pair.atomic_numbers,
                                                  cell=torch.eye(3) * 30.0, pbc=False)])
@@ -102,7 +104,7 @@ def _bad_input(rank, world_size, case):
 @pytest.mark.parametrize(("case", "message"), [
     ("element", r"not trained on atomic number\(s\) \[79\]"),
     ("charge", "not an integer"),
-    ("open_system", "periodic Coulomb setting"),
+    ("open_system", r"system\(s\) \[0\] take the all-pairs Coulomb sum.*raise simple_cutoff"),
 ])
 def test_bad_input_fails_on_every_rank_with_the_fix(case, message):
     from mlipdd.testing.spawn import RankFailure

@@ -83,10 +83,7 @@ class RankPool:
 
     # ---- starting and stopping ------------------------------------------------------------
     def _start(self) -> None:
-        import multiprocessing
-
-        # spawn, never fork: the parent may hold threads (and CUDA) that a fork would copy
-        ctx = multiprocessing.get_context("spawn")
+        ctx = rank_context(self.reference_model)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         self._store_dir = tempfile.mkdtemp(prefix="mlipdd-ranks-")
         for rank in range(self.nproc):
@@ -222,6 +219,25 @@ class RankPool:
 
     def _restart_note(self) -> str:
         return "" if self.closed else "; the next call starts new ranks"
+
+
+def rank_context(model):
+    """Where ranks come from: a forkserver that imported torch, mlipdd and the model's own
+    packages once (MACE: e3nn and mace, seconds each), so a rank forks from it ready
+    instead of importing them itself, and a second pool (another calculator, new ranks after
+    a lost one) starts in a fraction of a second. Never a plain fork of this process: it may
+    hold threads (and CUDA) that a fork would copy. Like spawn, each rank still imports the
+    main program (see `mlipdd.distributed.main_guard`)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    modules = ["torch", "mlipdd.distributed.rank_worker", "mlipdd.distributed.model"]
+    for part in (model, getattr(model, "model", None)):  # the wrapper and what it wraps
+        module = type(part).__module__ if part is not None else ""
+        if module and module not in ("builtins", "__main__") and not module.startswith("torch."):
+            modules.append(module)
+    ctx.set_forkserver_preload(modules)  # takes effect when the server starts (once per process)
+    return ctx
 
 
 def _is_stopped(pid: int) -> bool:

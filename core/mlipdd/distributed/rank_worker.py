@@ -27,13 +27,31 @@ SYSTEM_OUTPUTS = ("energy", "stress")
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this process when the parent dies (Linux; elsewhere the pipe's EOF stops it).
-    A calculator's rank holds no run state worth saving, unlike `mlipdd run`'s ranks
-    (`supervise.follow_launcher`), so it goes at once."""
+    """End this process when the parent (the user's script) dies. A calculator's rank holds
+    no run state worth saving, unlike `mlipdd run`'s ranks (`supervise.follow_launcher`), so
+    it goes at once. Forked by the forkserver, its kernel parent is the server: the kernel's
+    parent-death signal then follows the server, and a thread watches the script itself."""
+    import threading
+    import time
+
     from mlipdd.distributed.supervise import signal_on_parent_death
 
-    if not signal_on_parent_death(parent_pid, signal.SIGKILL):
+    forked_by_server = os.getppid() != parent_pid
+    if not signal_on_parent_death(os.getppid() if forked_by_server else parent_pid, signal.SIGKILL):
         os._exit(1)
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(parent_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:
+                pass
+            time.sleep(0.5)
+
+    if forked_by_server:
+        threading.Thread(target=watch, name="mlipdd-parent-watch", daemon=True).start()
 
 
 def build_model_object(model_or_factory, device=None, dtype: torch.dtype | None = None):

@@ -8,6 +8,7 @@ per-system sums exchange ghost rows (see docs/architecture.md, "One distributed 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -115,9 +116,13 @@ class MACEWrapper(ModelWrapper):
     # ---- constructors -------------------------------------------------------------------
     @classmethod
     def from_file(
-        cls, path: str | Path, device: str | torch.device = "cpu", head: str | None = None
+        cls, path: str | Path, device: str | torch.device = "cpu", head: str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> MACEWrapper:
         """A model saved with ``torch.save(model, path)`` (mace's ``.model`` files).
+
+        ``dtype`` converts the loaded model (``torch.float32`` / ``torch.float64``), as
+        MACECalculator's ``default_dtype`` does; None keeps the file's.
 
         ``weights_only=False`` because mace checkpoints pickle the whole module, not a
         state dict; unpickling runs code from the file, so load only files you trust
@@ -130,11 +135,12 @@ class MACEWrapper(ModelWrapper):
                 f"no MACE model file at {str(path)!r}; give the path of a saved .model file"
             )
         model = torch.load(path, map_location=device, weights_only=False)
-        return cls(model, head=head)
+        return cls(model if dtype is None else model.to(dtype), head=head)
 
     @classmethod
     def from_foundation(
-        cls, name: str = "medium-mpa-0", device: str | torch.device = "cpu", head: str | None = None
+        cls, name: str = "medium-mpa-0", device: str | torch.device = "cpu", head: str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> MACEWrapper:
         """A pretrained foundation model by name, via mace's own downloader and cache.
 
@@ -143,7 +149,16 @@ class MACEWrapper(ModelWrapper):
         require_mace()
         from mlipdd_mace.foundation import load_foundation
 
-        return cls(load_foundation(name, device=device), head=head)
+        model = load_foundation(name, device=device)
+        return cls(model if dtype is None else model.to(dtype), head=head)
+
+    def _apply(self, fn, recurse=True):
+        # .to(dtype) converts the mace model inside: the dtype this wrapper accepts follows
+        # it (else a float32 model kept refusing float32 input, asking for float64)
+        out = super()._apply(fn, recurse)
+        if dataclasses.is_dataclass(getattr(self, "model_config", None)):
+            self.model_config = dataclasses.replace(self.model_config, supported_dtypes=(self.dtype,))
+        return out
 
     # ---- ModelWrapper protocol ----------------------------------------------------------
     @property

@@ -1,0 +1,174 @@
+"""`MLIPDDCalculator` next to MACECalculator (issue 24 items 3 and 5): per-atom energies,
+a slab's stress, the model converted to float32, one pool of ranks shared by the images of
+an NEB; at one process and 2 ranks, random-weight MACE models (mace-torch's own code)."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from ase.build import bulk
+from mlipdd.ase import MLIPDDCalculator
+from mlipdd.data import InputError
+from mlipdd.distributed.rank_pool import RankPool
+
+pytest.importorskip("mace", reason="mace-torch is not installed (see plugins/mace/README.md)")
+from mace.calculators import MACECalculator  # noqa: E402
+from mlipdd_mace.testing import random_mace  # noqa: E402
+from mlipdd_mace.wrapper import MACEWrapper  # noqa: E402
+
+NPROCS = [1, 2]
+
+
+def triclinic():
+    """Periodic, skewed, H/C/O, rattled: no symmetry hides a wrong shift."""
+    atoms = bulk("C", "diamond", a=3.7, cubic=True).repeat((2, 1, 1))
+    rng = np.random.default_rng(3)
+    atoms.numbers[rng.choice(len(atoms), 6, replace=False)] = [1, 1, 1, 8, 8, 8]
+    atoms.set_cell(atoms.cell + [[0.0, 0.4, 0.3], [0.5, 0.0, 0.2], [0.3, 0.6, 0.0]], scale_atoms=True)
+    atoms.rattle(0.08, seed=4)
+    return atoms
+
+
+def slab():
+    """Periodic in x and y, 10 A of vacuum along a non-periodic z."""
+    atoms = bulk("C", "diamond", a=3.7, cubic=True).repeat((2, 1, 1))
+    atoms.numbers[[1, 5, 10]] = [8, 1, 1]
+    atoms.center(vacuum=5.0, axis=2)
+    atoms.pbc = (True, True, False)
+    atoms.rattle(0.05, seed=7)
+    return atoms
+
+
+@pytest.fixture(scope="module")
+def mace64():
+    return random_mace(elements=(1, 6, 8), r_max=4.0, dtype=torch.float64, seed=0)
+
+
+def theirs(model, atoms, dtype="float64"):
+    atoms = atoms.copy()
+    atoms.calc = MACECalculator(models=copy.deepcopy(model), device="cpu", default_dtype=dtype)
+    return atoms
+
+
+@pytest.fixture(scope="module")
+def pool2(mace64):
+    with RankPool(MACEWrapper(copy.deepcopy(mace64)), nproc=2) as pool:
+        yield pool
+
+
+def ours(calc_or_pool, atoms):
+    atoms = atoms.copy()
+    atoms.calc = calc_or_pool if isinstance(calc_or_pool, MLIPDDCalculator) else MLIPDDCalculator(pool=calc_or_pool)
+    return atoms
+
+
+def _calc(nproc, mace64, pool2):
+    return MLIPDDCalculator(MACEWrapper(copy.deepcopy(mace64))) if nproc == 1 else MLIPDDCalculator(pool=pool2)
+
+
+@pytest.mark.parametrize("nproc", NPROCS)
+def test_per_atom_energies_equal_mace_calculators(nproc, mace64, pool2):
+    atoms = triclinic()
+    ref, got = theirs(mace64, atoms), ours(_calc(nproc, mace64, pool2), atoms)
+    energies = got.get_potential_energies()
+    np.testing.assert_allclose(energies, ref.get_potential_energies(), rtol=0, atol=1e-12)
+    assert energies.sum() == pytest.approx(got.get_potential_energy(), abs=1e-10)
+    assert np.ptp(energies) > 1e-3  # not one value spread evenly
+    np.testing.assert_allclose(got.get_forces(), ref.get_forces(), rtol=0, atol=1e-12)
+
+
+def mace_volume(atoms, r_max=4.0) -> float:
+    """The volume MACECalculator divides a slab's virial by: mace stretches each non-periodic
+    cell vector to (max |position| + 1) * 5 * r_max (mace.data.neighborhood); ours is the
+    cell's own volume, vacuum included, as ASE's calculators take it."""
+    cell = atoms.cell.array.copy()
+    for axis in np.flatnonzero(~atoms.pbc):
+        cell[axis] = np.eye(3)[axis] * (np.abs(atoms.positions).max() + 1) * 5 * r_max
+    return abs(np.linalg.det(cell))
+
+
+@pytest.mark.parametrize("nproc", NPROCS)
+def test_a_slabs_stress_is_mace_calculators_virial_over_the_cells_volume(nproc, mace64, pool2):
+    atoms = slab()
+    ref, got = theirs(mace64, atoms), ours(_calc(nproc, mace64, pool2), atoms)
+    virial = ref.get_stress() * mace_volume(atoms)
+    assert np.abs(virial).max() > 1e-3
+    np.testing.assert_allclose(got.get_stress() * atoms.get_volume(), virial, rtol=0,
+                               atol=1e-12 * np.abs(virial).max())
+    np.testing.assert_allclose(got.get_forces(), ref.get_forces(), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("nproc", NPROCS)
+def test_an_element_the_model_lacks_raises_and_the_calculator_serves_on(nproc, mace64, pool2):
+    """Argon for an H/C/O model: refused on the rank that owns it; the ranks regroup (was
+    broken: every later call failed)."""
+    calc = _calc(nproc, mace64, pool2)
+    pids = calc.worker_pids
+    alien = triclinic()
+    alien.numbers[2] = 18
+    with pytest.raises(InputError, match=r"no parameters for element\(s\) Ar"):
+        ours(calc, alien).get_potential_energy()
+    good = triclinic()
+    good.rattle(0.02, seed=9)
+    assert ours(calc, good).get_potential_energy() == pytest.approx(
+        theirs(mace64, good).get_potential_energy(), abs=1e-10)
+    assert calc.worker_pids == pids
+
+
+@pytest.mark.parametrize("nproc", NPROCS)
+def test_dtype_float32_converts_the_model_as_mace_calculators_default_dtype(nproc, mace64):
+    """Was broken: float32-rounded positions through the float64 model, float64 results."""
+    atoms = triclinic()
+    ref32, ref64 = theirs(mace64, atoms, "float32"), theirs(mace64, atoms)
+    with MLIPDDCalculator(MACEWrapper(copy.deepcopy(mace64)), nproc=nproc, dtype=torch.float32) as calc:
+        got = ours(calc, atoms)
+        forces = got.get_forces()
+        assert forces.dtype == np.float32
+        assert got.get_potential_energy() == pytest.approx(ref32.get_potential_energy(), abs=1e-4)
+        np.testing.assert_allclose(forces, ref32.get_forces(), rtol=0, atol=2e-5)
+    # float32 indeed: further from float64 than float64 rounding would be
+    assert np.abs(forces - ref64.get_forces()).max() > 1e-9
+
+
+def test_mace_wrapper_from_file_takes_a_dtype(tmp_path, mace64):
+    path = tmp_path / "random.model"
+    torch.save(copy.deepcopy(mace64), path)
+    wrapper = MACEWrapper.from_file(path, dtype=torch.float32)
+    assert wrapper.dtype == torch.float32
+    assert wrapper.model_config.supported_dtypes == (torch.float32,)
+    assert MACEWrapper.from_file(path).dtype == torch.float64
+
+
+def test_a_float64_wrapper_converted_to_float32_takes_float32_input(mace64):
+    """The CLI's --dtype float32 path (model.to(dtype)) for a float64 file (was broken: 'the
+    model supports [torch.float64]', a Python fix as the answer)."""
+    wrapper = MACEWrapper(copy.deepcopy(mace64)).to(torch.float32)
+    assert wrapper.model_config.supported_dtypes == (torch.float32,)
+
+
+def test_an_neb_shares_one_pool_of_two_ranks(mace64, pool2):
+    """Three images, three calculators, one pool: 2 processes, not 2 per image (issue 24
+    item 5); the band relaxes as with MACECalculator."""
+    from ase.mep import NEB
+    from ase.optimize import FIRE
+
+    def band(make_calc):
+        initial = triclinic()
+        final = initial.copy()
+        final.positions[0] += [0.25, 0.1, 0.0]
+        images = [initial] + [initial.copy() for _ in range(3)] + [final]
+        neb = NEB(images, method="improvedtangent")
+        neb.interpolate()
+        for image in images:
+            image.calc = make_calc()
+        FIRE(neb, logfile=None).run(fmax=0.5, steps=4)
+        return np.array([image.get_positions() for image in images[1:-1]])
+
+    pids = pool2.pids
+    mine = band(lambda: MLIPDDCalculator(pool=pool2))
+    assert pool2.pids == pids and len(pids) == 2 and pool2.starts == 1
+    reference = band(lambda: MACECalculator(models=copy.deepcopy(mace64), device="cpu", default_dtype="float64"))
+    np.testing.assert_allclose(mine, reference, rtol=0, atol=1e-9)

@@ -114,8 +114,12 @@ class Supervisor:
                 signal.signal(s, handler)
 
     def _on_signal(self, signum, frame) -> None:
-        if self.stop_signal is not None:  # second signal: no more patience
-            self._send(signal.SIGKILL)
+        from mlipdd.dynamics.stop import repeats_first_signal
+
+        if self.stop_signal is not None:
+            if repeats_first_signal(time.monotonic(), self._stop_at):
+                return  # one stop delivered twice (a scheduler and srun): NOTE [clean stop]
+            self._send(signal.SIGKILL)  # a later second signal: no more patience
             return
         self.stop_signal, self._stop_at = signum, time.monotonic()
         self._failed_before_stop = self._failed_at is not None

@@ -12,7 +12,11 @@ checkpoint writer saves the last state) and raise `RunStopped`.
 The per-step agreement costs a collective, so it only happens while requests are being
 watched (`stop_on_signals`), which every rank of a run must do alike (``mlipdd run``
 does it on every rank). A second signal while a stop is pending is not caught: the
-default action (termination, or KeyboardInterrupt for SIGINT) takes over.
+default action (termination, or KeyboardInterrupt for SIGINT) takes over -- unless it
+comes within `STOP_BURST_S` of the first: a scheduler's stop (``scancel``, a time limit)
+signals every process of the job, and the launcher (ours, torchrun, srun) forwards its own
+signal to each rank too, so each rank gets two within milliseconds; they are one request,
+and a rank must not give up its clean stop (checkpoint, whole frames) because of it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
@@ -28,6 +33,11 @@ _request: str | None = None
 _signal_number: int | None = None
 _watchers = 0
 _signals_seen = 0
+_first_signal_at: float | None = None
+# signals this soon after the first are the same request (NOTE [clean stop]): a scheduler
+# and a forwarding launcher deliver theirs milliseconds apart; a person's second Ctrl-C,
+# meant as "give up", comes later
+STOP_BURST_S = 1.0
 
 
 class RunStopped(Exception):
@@ -74,16 +84,26 @@ def watching() -> bool:
 
 
 def clear() -> None:
-    global _request, _signal_number, _signals_seen
+    global _request, _signal_number, _signals_seen, _first_signal_at
     with _lock:
-        _request = _signal_number = None
+        _request = _signal_number = _first_signal_at = None
         _signals_seen = 0
 
 
+def repeats_first_signal(now: float, first_at: float | None) -> bool:
+    """Whether a signal at ``now`` belongs to the burst of the first (at ``first_at``)."""
+    return first_at is not None and now - first_at < STOP_BURST_S
+
+
 def _on_signal(signum, frame) -> None:
-    global _signals_seen
+    global _signals_seen, _first_signal_at
     name = signal.Signals(signum).name
+    now = time.monotonic()
+    if repeats_first_signal(now, _first_signal_at):
+        return  # the same stop, delivered twice (NOTE [clean stop])
     _signals_seen += 1
+    if _signals_seen == 1:
+        _first_signal_at = now
     if _signals_seen > 1:  # a second signal: give up on the clean stop
         signal.signal(signum, signal.SIG_DFL)
         if signum == signal.SIGINT:

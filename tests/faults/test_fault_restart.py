@@ -44,6 +44,11 @@ def test_a_plain_restart_continues_at_the_checkpoints_dt_temperature_and_seed(tm
     assert (again["dt_fs"], again["temperature_K"], again["ensemble"]) == (2.0, 150.0, "nvt")
     assert again["system"] == straight["system"] == "lj_liquid" and again["final_step"] == 8
     assert torch.equal(_positions(tmp_path / "again.pt"), _positions(tmp_path / "straight.pt"))
+    # a setting given on purpose wins, and is said in one line, not as a Python warning
+    assert main(["run", *QUIET, "--steps", "1", "--restart", str(tmp_path / "half.pt"),
+                 "--dt", "1"]) == 0
+    notes = capsys.readouterr().err.strip().splitlines()
+    assert len(notes) == 1 and notes[0].startswith("mlipdd run: note: ") and "dt_fs = 2" in notes[0]
 
 
 @pytest.mark.parametrize("flags", [["--size", "3"], ["--system", "fcc_argon"]])

@@ -212,7 +212,13 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
     )
     with DomainParallel(dynamics, config, cfg.steps, hooks, spec=_default_spec(model, config)) as dp:
         # a restart partitions the checkpoint's system over this run's ranks, any number
-        owned = dp.restore(cfg.restart) if cfg.restart else dp.partition(full)
+        if cfg.restart:
+            from mlipdd.app.restart import settings_differences_as_notes
+
+            with settings_differences_as_notes():
+                owned = dp.restore(cfg.restart)
+        else:
+            owned = dp.partition(full)
         dynamics.setup(owned)  # first force evaluation, outside the timing
         first_step = dynamics.step_count
         force_diff = _first_step_force_difference(dp, model, full)

@@ -18,10 +18,12 @@ that file's sha256, the system's source and size, and the ensemble. A restart
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -211,3 +213,20 @@ def check_trajectory_continues(cfg, step: int) -> None:
             f"checkpoint {str(cfg.restart)!r} ({step}): appending would repeat steps {step + 1}-"
             f"{last}; give another --trajectory path (or cut the file at step {step})"
         )
+
+
+@contextlib.contextmanager
+def settings_differences_as_notes():
+    """Around restoring the integrator: a setting the user changed on purpose (``--dt 1``
+    on a 2 fs checkpoint) is said in one ``note:`` line each, not as a Python warning
+    with a source line; other warnings pass through unchanged."""
+    from mlipdd.distributed.checkpoint import CheckpointSettingsWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CheckpointSettingsWarning)
+        yield
+    for w in caught:
+        if issubclass(w.category, CheckpointSettingsWarning):
+            print(f"mlipdd run: note: {w.message}", file=sys.stderr, flush=True)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)

@@ -23,6 +23,7 @@ from mlipdd.app.defaults import default_temperature, default_timestep, timestep_
 from mlipdd.app.ensembles import ENSEMBLES, OPTIMISERS, build_dynamics
 from mlipdd.app.setting_checks import check_device, check_setting_types
 from mlipdd.app.structure import read_structure as _read_structure
+from mlipdd.app.summary_text import format_summary
 from mlipdd.data import Batch, InputError
 from mlipdd.dynamics.hooks import ProgressBar, ThermoLogger, TrajectoryWriter
 from mlipdd.dynamics.velocities import initialize_velocities
@@ -69,6 +70,7 @@ class RunConfig:
     log_every: int = 10  # 0: no thermo lines
     log_file: str | None = None  # thermo lines go here instead of stdout
     thermo_csv: str | None = None  # the thermo records also as CSV (mlipdd plot reads it)
+    thermo: str | None = None  # thermo log columns (LAMMPS thermo_style custom names); None: default
     dtype: str = "float64"
     device: str = "auto"  # "auto": cuda when available
     skin: float = 0.5  # Angstrom, neighbour-list skin
@@ -232,7 +234,8 @@ def default_hooks(cfg: RunConfig, thermo_stream=None) -> list:
     # on by default: a tqdm bar when stderr is a terminal, plain lines every 10 s otherwise
     progress = ProgressBar() if cfg.progress in ("on", "auto") else None
     echo = progress.write if progress is not None else None
-    hooks: list = [ThermoLogger(output, frequency=frequency, csv_path=cfg.thermo_csv, echo=echo)]
+    hooks: list = [ThermoLogger(output, frequency=frequency, csv_path=cfg.thermo_csv, echo=echo,
+                                columns=cfg.thermo)]
     if cfg.trajectory:
         # a restart continues the file (NOTE [trajectory of a restart] in mlipdd.app.restart)
         hooks.append(TrajectoryWriter(cfg.trajectory, frequency=cfg.trajectory_every,
@@ -273,9 +276,11 @@ def _run(cfg: RunConfig, thermo_stream) -> dict[str, Any]:
     hooks = default_hooks(cfg, thermo_stream)
     dyn = build_dynamics(cfg, model, hooks)
     if checkpoint is not None:
+        from mlipdd.app.restart import settings_differences_as_notes
         from mlipdd.distributed.checkpoint import restore_dynamics
 
-        restore_dynamics(dyn, checkpoint, device=batch.device)
+        with settings_differences_as_notes():
+            restore_dynamics(dyn, checkpoint, device=batch.device)
 
     dyn.setup(batch)  # first force evaluation (and neighbour list) outside the timing
     first_step = dyn.step_count
@@ -336,56 +341,9 @@ def _summary(cfg, dyn, batch, records, wall, start_energy, end_energy, first_ste
         "trajectory": cfg.trajectory,
         "temperature_K": cfg.temperature,
         "final_step": int(dyn.step_count),
-        **({"converged": bool(dyn.converged()), "fmax_eV_per_A": cfg.fmax}
+        **({"converged": bool(dyn.converged()), "fmax_eV_per_A": cfg.fmax,
+            "fmax_final_eV_per_A": float(dyn.max_force.max()),
+            "energy_final_eV": float(dyn.potential_energy().sum()),
+            "energy_change_eV": float(dyn.potential_energy().sum()) - start_energy}
            if cfg.ensemble in OPTIMISERS else {}),
     }
-
-
-def format_summary(summary: Mapping[str, Any]) -> str:
-    s = summary
-    drift_label = (
-        "energy drift" if s["ensemble"] == "nve" else "conserved-energy drift (incl. bath)"
-    )
-    return "\n".join(
-        [
-            (
-                f"{s['ensemble'].upper()} {s['model']} on {s['system']}: {s['n_atoms']} atoms, "
-                f"{s['steps']} steps of {s['dt_fs']} fs ({s['dtype']}, {s['device']})"
-            ),
-            (
-                f"  speed        {s['steps_per_s']:.2f} steps/s, {s['atom_steps_per_s']:.3g} atom-steps/s, "
-                f"{s['ns_per_day']:.3g} ns/day ({s['wall_s']:.2f} s)"
-            ),
-            (
-                f"  {drift_label}: {s['energy_drift_meV_per_atom']:+.4f} meV/atom "
-                f"({s['energy_drift_meV_per_atom_per_ps']:+.4f} meV/atom/ps)"
-            ),
-            f"  temperature  final {s['temperature_final_K']:.1f} K, mean {s['temperature_mean_K']:.1f} K",
-            f"  neighbour-list builds: {s['neighbor_list_builds']}"
-            + (f"; trajectory: {s['trajectory']}" if s["trajectory"] else ""),
-            *_relaxation_lines(s),
-            *_distributed_lines(s),
-        ]
-    )
-
-
-def _relaxation_lines(s: Mapping[str, Any]) -> list[str]:
-    if "converged" not in s:
-        return []
-    state = "converged" if s["converged"] else "NOT converged"
-    return [f"  relaxation   {state} to fmax {s['fmax_eV_per_A']} eV/A after {s['final_step']} steps"]
-
-
-def _distributed_lines(s: Mapping[str, Any]) -> list[str]:
-    """Extra summary lines of a domain-decomposed run (keys set by mlipdd.app.launch)."""
-    if "ranks" not in s:
-        return []
-    return [
-        (
-            f"  domain decomposition: {s['ranks']} ranks ({s['strategy']}, grid {s['grid']}); "
-            f"atoms conserved: {'yes' if s['atoms_conserved'] else 'NO'}"
-        ),
-        f"  first-step forces vs one process: max |dF| {s['max_force_diff_eV_per_A']:.3g} eV/A",
-        *([f"  owned atoms per rank, max/mean at the last rebuild: {s['load_imbalance']:.3f}"]
-          if s.get("load_imbalance") is not None else []),
-    ]

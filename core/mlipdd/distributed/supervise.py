@@ -6,7 +6,8 @@ Launcher side (`start_rank`, `Supervisor`), for ``mlipdd run --nproc N``:
   only, which turns it (and SIGTERM, SIGHUP) into one SIGTERM per rank: the ranks stop
   together after the same step, close the trajectory and write the checkpoint (NOTE
   [clean stop] in `mlipdd.dynamics.stop`). Ranks still alive after `STOP_GRACE_S`, or
-  at a second signal, are killed;
+  at a second signal (one more than `STOP_BURST_S` after the first: a scheduler's
+  signal forwarded by srun arrives twice at once), are killed;
 * when a rank fails, the others get `FAILURE_GRACE_S` to fail together by themselves
   (they normally do within a second), then they are terminated, then killed;
 * at the end the failing rank is named with its exit code or signal (the first to

@@ -172,3 +172,41 @@ def test_an_neb_shares_one_pool_of_two_ranks(mace64, pool2):
     assert pool2.pids == pids and len(pids) == 2 and pool2.starts == 1
     reference = band(lambda: MACECalculator(models=copy.deepcopy(mace64), device="cpu", default_dtype="float64"))
     np.testing.assert_allclose(mine, reference, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("nproc", NPROCS)
+def test_torch_sim_model_dtype_float32_equals_torch_sims_own_float32_mace(nproc, mace64):
+    """TorchSimModel(dtype=float32) converts the model too (issue 24 item 3)."""
+    import torch_sim as ts
+    from mlipdd.torchsim import TorchSimModel
+    from torch_sim.models.mace import MaceModel
+
+    atoms = triclinic()
+    state = ts.initialize_state(atoms, device=torch.device("cpu"), dtype=torch.float32)
+    mace32 = copy.deepcopy(mace64).to(torch.float32)
+    expected = MaceModel(mace32, device=torch.device("cpu"), dtype=torch.float32)(state)
+    model = TorchSimModel(MACEWrapper(copy.deepcopy(mace64)), nproc=nproc, dtype=torch.float32)
+    try:
+        got = model(state)
+    finally:
+        model.close()
+    for key in ("energy", "forces", "stress"):
+        assert got[key].dtype == torch.float32, key
+        scale = float(expected[key].abs().max())
+        torch.testing.assert_close(got[key], expected[key].detach(), rtol=0, atol=1e-5 * max(scale, 1.0))
+
+
+def test_cli_dtype_float32_runs_a_float64_mace_file(tmp_path, mace64):
+    """Was broken: 'the model supports [torch.float64]', a Python fix as the answer."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "random.model"
+    model = copy.deepcopy(random_mace(elements=(1, 6, 8, 18), r_max=4.0, dtype=torch.float64, seed=1))
+    torch.save(model, path)
+    out = subprocess.run(
+        [sys.executable, "-m", "mlipdd", "run", "--model", "mace", "--model-arg", f"path={path}",
+         "--dtype", "float32", "--steps", "2", "--size", "2", "--device", "cpu", "--progress", "off"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "(float32, cpu)" in out.stdout

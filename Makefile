@@ -32,7 +32,7 @@ INSTALL_STAMP := $(VENV)/.mlipdd-install-stamp
 UPSTREAM_WHEELS := build/upstream-wheels
 DIST ?= dist
 
-.PHONY: venv install demo test lint dist clean distclean
+.PHONY: venv install demo test lint dist docs clean distclean
 
 venv: $(PY)
 
@@ -66,6 +66,11 @@ test: install
 # Wheels of the core, every plugin and the e3nn-0.6 mace-torch; see the README's Install.
 dist: venv
 	$(PY) tools/build_dist.py $(DIST)
+
+# API reference from the docstrings (mkdocs.yml; mkdocs + mkdocstrings from the `docs` extra,
+# which the `test` extra includes): build/site/index.html. Strict: a warning fails the build.
+docs: install
+	$(VENV)/bin/mkdocs build
 
 # Lint needs only ruff, not the full install.
 lint: venv

@@ -159,3 +159,24 @@ def test_results_are_float64_numpy_for_a_float64_model(two):
     energy, forces = _props(argon(), two)
     assert isinstance(energy, float) and forces.dtype == np.float64
     assert torch.get_default_dtype() == torch.float32  # nothing global changed
+
+
+@pytest.mark.parametrize("nproc", NPROCS)
+def test_overlapping_atoms_are_named_by_mlipdd_run(tmp_path, nproc):
+    """The same check reaches the CLI (it lives in the input validation), exit 2, one line."""
+    import os
+    import subprocess
+
+    import ase.io
+    from fault_helpers import mlipdd_command
+
+    atoms = argon()
+    atoms.positions[7] = atoms.positions[3]
+    ase.io.write(tmp_path / "overlap.xyz", atoms)
+    out = subprocess.run(
+        mlipdd_command("run", "--system", "overlap.xyz", "--steps", "2", "--nproc", str(nproc),
+                       "--device", "cpu", "--progress", "off"),
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+        env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert out.returncode == 2, out.stderr
+    assert "atoms 3 and 7 overlap: 0 A apart" in out.stderr.strip().splitlines()[-1]

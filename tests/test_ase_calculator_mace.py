@@ -12,7 +12,7 @@ import torch
 from ase.build import bulk
 from mlipdd.ase import MLIPDDCalculator
 from mlipdd.data import InputError
-from mlipdd.distributed.rank_pool import RankPool
+from mlipdd.ase import RankPool
 
 pytest.importorskip("mace", reason="mace-torch is not installed (see plugins/mace/README.md)")
 from mace.calculators import MACECalculator  # noqa: E402

@@ -53,15 +53,19 @@ def two():
         yield calc
 
 
-def test_a_single_atom_and_a_lone_atom_answer_at_two_ranks(one, two):
-    """A rank with nothing to do (was broken: the call hung for the 300 s collective timeout)."""
+@pytest.mark.parametrize("nproc", [2, 3, 4])
+def test_a_single_atom_and_a_lone_atom_answer_at_several_ranks(nproc, one, two):
+    """Ranks with nothing to do (was broken: the call hung for the 300 s collective timeout)."""
+    calc = two if nproc == 2 else MLIPDDCalculator(LennardJones(**ARGON), nproc=nproc)
     for atoms in (one_atom(False), one_atom(True), lone_atom_and_pair()):
         start = time.monotonic()
-        energy, forces = _props(atoms, two)
+        energy, forces = _props(atoms, calc)
         assert time.monotonic() - start < 20
         ref_energy, ref_forces = _props(atoms, one)
         assert energy == pytest.approx(ref_energy, abs=1e-14)
         np.testing.assert_allclose(forces, ref_forces, atol=1e-14)
+    if calc is not two:
+        calc.close()
 
 
 def _bad_inputs() -> dict[str, Atoms]:

@@ -70,6 +70,17 @@ def test_a_rank_killed_mid_call_is_named_and_the_other_killed_at_once(reference)
         assert not set(calc.worker_pids) & set(pids)
 
 
+def test_a_rank_killed_between_calls_is_named_in_a_warning_and_replaced(reference):
+    with MLIPDDCalculator(LennardJones(**ARGON), nproc=2) as calc:
+        energy(calc)
+        pids = calc.worker_pids
+        os.kill(pids[0], signal.SIGKILL)
+        time.sleep(0.5)
+        with pytest.warns(RuntimeWarning, match=rf"rank 0 \(pid {pids[0]}\) was killed by SIGKILL"):
+            assert energy(calc, stretched()) == pytest.approx(energy(MLIPDDCalculator(LennardJones(**ARGON)), stretched()), rel=1e-12)
+        assert all(gone(pid) for pid in pids) and len(set(calc.worker_pids) - set(pids)) == 2
+
+
 def test_a_stopped_rank_fails_the_call_naming_it(reference):
     """SIGSTOP (was broken: the call waited forever)."""
     with MLIPDDCalculator(LennardJones(**ARGON), nproc=2) as calc:

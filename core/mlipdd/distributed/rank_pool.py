@@ -152,10 +152,12 @@ class RankPool:
 
         if self.closed:
             raise WorkerError("this pool of ranks was closed; create a new MLIPDDCalculator (or RankPool)")
-        if not self._procs:  # the last call lost a rank: start fresh ones
-            self._start()
+        self._replace_dead_ranks()
         for rank, conn in enumerate(self._conns):
-            conn.send(("compute", full if rank == 0 else None, compute_stress))
+            try:
+                conn.send(("compute", full if rank == 0 else None, compute_stress))
+            except OSError:
+                pass  # it died just now: `_collect` names it
         # past the ranks' own collective timeout, and the failing rank's wait for its peers
         # to read its message (`fail_together`): a rank that times out names itself first
         answers = self._collect(self.timeout + _ANSWER_GRACE_S)
@@ -168,6 +170,19 @@ class RankPool:
             if any(a[1] == kind for a in failed):
                 raise error(next(a[2] for a in sorted(failed, key=lambda a: a[3]) if a[1] == kind))
         raise WorkerError(f"{origin[2]}\n(the ranks are intact and serve the next call)")
+
+    def _replace_dead_ranks(self) -> None:
+        """New ranks when the last call lost one, or when one died between calls (the OOM
+        killer, a stray kill): said in a warning naming it, then the call goes on."""
+        import warnings
+
+        dead = [self._death(r, p) for r, p in enumerate(self._procs) if not p.is_alive()]
+        if dead:
+            self._kill()
+            warnings.warn(f"{'; '.join(dead)} between calls; starting new ranks", RuntimeWarning,
+                          stacklevel=4)
+        if not self._procs:
+            self._start()
 
     def _collect(self, timeout: float, starting: bool = False) -> list[tuple]:
         """One answer per rank, within ``timeout`` seconds. A rank that dies, stays stopped

@@ -199,7 +199,7 @@ def test_thermo_on_rank_zero_and_trajectory_in_global_atom_order(tmp_path):
 
     path = tmp_path / "md.extxyz"
     results = run_ranks(_logged_run, 2, str(path), timeout=120)
-    assert "Epot" in results[0]["log"] and results[1]["log"] == ""
+    assert "pe[eV]" in results[0]["log"] and results[1]["log"] == ""
     # every rank has the same (globally reduced) numbers
     assert results[0]["records"] == results[1]["records"]
     # a GLOBAL hook sees the whole system, the same on every rank, matching the reduced sums

@@ -9,7 +9,10 @@ from pathlib import Path
 
 from mlipdd.data import InputError
 
-_NEEDED = ("time_ps", "system", "epot", "etot", "econs", "temperature", "volume")
+# the columns drawn, by their CSV names (LAMMPS keywords); a CSV written before they were
+# renamed (epot, etot, temperature, volume) is read too
+_NEEDED = ("time_ps", "system", "pe", "etotal", "econs", "temp", "vol")
+_OLD_NAMES = {"epot": "pe", "etot": "etotal", "temperature": "temp", "volume": "vol"}
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -33,7 +36,8 @@ def read_thermo(path: Path) -> dict[int, dict[str, list[float]]]:
         raise InputError(f"{str(path)!r} does not exist; give the CSV written by mlipdd run --thermo-csv")
     with open(path, encoding="utf-8", newline="") as handle:
         reader = csv.DictReader(handle)
-        missing = [c for c in _NEEDED if c not in (reader.fieldnames or ())]
+        reader.fieldnames = [_OLD_NAMES.get(name, name) for name in reader.fieldnames or ()]
+        missing = [c for c in _NEEDED if c not in reader.fieldnames]
         if missing:
             raise InputError(f"{path} lacks the thermo columns {missing}; is it a thermo CSV of mlipdd run?")
         systems: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -54,18 +58,18 @@ def plot_thermo(path: Path, output: Path) -> Path:
     import matplotlib.pyplot as plt
 
     systems = read_thermo(path)
-    volume_changes = any(max(c["volume"]) - min(c["volume"]) > 1e-9 * max(c["volume"])
+    volume_changes = any(max(c["vol"]) - min(c["vol"]) > 1e-9 * max(c["vol"])
                          for c in systems.values())
     panels = 3 if volume_changes else 2
     fig, axes = plt.subplots(panels, 1, sharex=True, figsize=(7, 2.6 * panels))
     for system, c in sorted(systems.items()):
         tag = f" (system {system})" if len(systems) > 1 else ""
-        axes[0].plot(c["time_ps"], c["epot"], label=f"potential{tag}")
-        axes[0].plot(c["time_ps"], c["etot"], label=f"total{tag}")
+        axes[0].plot(c["time_ps"], c["pe"], label=f"potential{tag}")
+        axes[0].plot(c["time_ps"], c["etotal"], label=f"total{tag}")
         axes[0].plot(c["time_ps"], c["econs"], "--", label=f"conserved{tag}")
-        axes[1].plot(c["time_ps"], c["temperature"], label=f"T{tag}")
+        axes[1].plot(c["time_ps"], c["temp"], label=f"T{tag}")
         if volume_changes:
-            axes[2].plot(c["time_ps"], c["volume"], label=f"V{tag}")
+            axes[2].plot(c["time_ps"], c["vol"], label=f"V{tag}")
     axes[0].set_ylabel("energy (eV)")
     axes[0].legend(fontsize="small")
     axes[1].set_ylabel("temperature (K)")

@@ -109,7 +109,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--log-file", default=s, metavar="PATH", help="thermo lines go to this file")
     add("--thermo-csv", default=s, metavar="PATH",
-        help="also write the thermo records as CSV (mlipdd plot draws them)")
+        help="also write the thermo records as CSV, every column (mlipdd plot draws them)")
+    add("--thermo", default=s, metavar="COLUMNS",
+        help="thermo log columns, LAMMPS thermo_style custom names (metal units), e.g. "
+        "'step temp pe press'; from: step time sys pe ke etotal econs temp press press_gpa vol "
+        "fmax imbalance (default: step time sys pe ke etotal econs temp press, + vol under npt/nph; "
+        "fire: step sys pe fmax press)")
     add("--restart", default=s, metavar="FILE",
         help="continue from a checkpoint (written by --checkpoint), on any number of ranks, "
         "with its model, system, ensemble, dt, temperature and seed unless given; appends to "

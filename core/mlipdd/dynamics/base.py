@@ -119,6 +119,9 @@ class BaseDynamics:
     removed_dof_per_system: int = 0
     # whether `compute` asks the model for the stress (barostats set this)
     compute_stress: bool = False
+    # also on configurations whose step is a multiple of this (0: never): the thermo log's
+    # pressure; set the same on every rank (a hook of LOCAL scope), or the collectives differ
+    stress_every: int = 0
     # whether the blow-up check bounds the per-step displacement (NOTE [blow-up check]);
     # an optimiser limits its own steps and may start from huge forces, so FIRE says no
     bounds_step_displacement: bool = True
@@ -233,7 +236,7 @@ class BaseDynamics:
         # Forces come from autograd *inside* the wrapper (it enables grad itself); out
         # here no graph is wanted, so none is kept alive across steps.
         with torch.no_grad():
-            out = self.model(batch, compute_stress=self.compute_stress)
+            out = self.model(batch, compute_stress=self._wants_stress())
         missing = {"energy", "forces"} - set(out)
         if missing:
             raise InputError(
@@ -251,6 +254,13 @@ class BaseDynamics:
             self._check_not_blown_up()
         self.fire(DynamicsStage.AFTER_COMPUTE)
         return out
+
+    def _wants_stress(self) -> bool:
+        if self.compute_stress:
+            return True
+        step = getattr(self, "_configuration_step", None)
+        step = self.step_count if step is None else step
+        return self.stress_every > 0 and step % self.stress_every == 0
 
     def _check_not_blown_up(self) -> None:
         """NOTE [blow-up check]: LAMMPS stops with "Lost atoms" once atoms have flown off;

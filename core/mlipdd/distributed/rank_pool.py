@@ -83,8 +83,8 @@ class RankPool:
 
     # ---- starting and stopping ------------------------------------------------------------
     def _start(self) -> None:
-        ctx = rank_context(self.reference_model)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
+        ctx = rank_context(self.reference_model, backend)
         self._store_dir = tempfile.mkdtemp(prefix="mlipdd-ranks-")
         for rank in range(self.nproc):
             rank_device = f"cuda:{rank % torch.cuda.device_count()}" if backend == "nccl" else "cpu"
@@ -236,15 +236,19 @@ class RankPool:
         return "" if self.closed else "; the next call starts new ranks"
 
 
-def rank_context(model):
-    """Where ranks come from: a forkserver that imported torch, mlipdd and the model's own
-    packages once (MACE: e3nn and mace, seconds each), so a rank forks from it ready
-    instead of importing them itself, and a second pool (another calculator, new ranks after
-    a lost one) starts in a fraction of a second. Never a plain fork of this process: it may
-    hold threads (and CUDA) that a fork would copy. Like spawn, each rank still imports the
-    main program (see `mlipdd.distributed.main_guard`)."""
+def rank_context(model, backend: str):
+    """Where ranks come from. On the CPU (gloo): a forkserver that imported torch, mlipdd and
+    the model's own packages once (MACE: e3nn and mace, seconds each), so a rank forks from
+    it ready instead of importing them itself, and a second pool (another calculator, new
+    ranks after a lost one) starts in a fraction of a second. With CUDA (NCCL): spawn, a
+    fresh interpreter per rank, since a package imported in the server may have touched
+    the CUDA driver, which a forked child cannot use then. Never a plain fork of this
+    process: it may hold threads (and CUDA) that a fork would copy. Either way each rank
+    imports the main program (see `mlipdd.distributed.main_guard`)."""
     import multiprocessing
 
+    if backend == "nccl":
+        return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
     modules = ["torch", "mlipdd.distributed.rank_worker", "mlipdd.distributed.model"]
     for part in (model, getattr(model, "model", None)):  # the wrapper and what it wraps

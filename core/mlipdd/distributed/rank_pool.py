@@ -191,7 +191,10 @@ class RankPool:
         answers: list[tuple | None] = [None] * self.nproc
         stopped_since: dict[int, float] = {}
         lost: dict[int, str] = {}
-        while any(a is None for a in answers) and not lost:
+        def start_failed() -> bool:  # its peers may wait in the rendezvous: do not wait for them
+            return any(a is not None and a[0] == "failed" and a[1] == "start" for a in answers)
+
+        while any(a is None for a in answers) and not lost and not start_failed():
             for rank, (conn, proc) in enumerate(zip(self._conns, self._procs)):
                 if answers[rank] is not None:
                     continue

@@ -188,6 +188,14 @@ def adapted_op(func: Any, meta: ShardMeta, args: tuple, kwargs: dict) -> Any:
     return call_adapted(adapter_for(func), func, meta, args, kwargs)
 
 
+def _owned_rows_only(adapter: Any) -> bool:
+    """Whether the adapter's transforms mean the same on sharded storage's owned rows: an
+    op that reads only its own rows (``SliceOwned`` is then the identity) and returns
+    partial sums (``AllReduceSum``); PME's spread and gather are such ops."""
+    transforms = (*adapter.arg_transforms.values(), *adapter.output_transforms.values())
+    return all(isinstance(t, (SliceOwned, AllReduceSum)) for t in transforms)
+
+
 def call_adapted(adapter: Any, func: Any, meta: ShardMeta, args: tuple, kwargs: dict) -> Any:
     """Run ``func`` on plain tensors with ``adapter``'s transforms around it."""
     registry.FIRED[f"op_adapter:{adapter.qualified_name}"] += 1
@@ -195,11 +203,11 @@ def call_adapted(adapter: Any, func: Any, meta: ShardMeta, args: tuple, kwargs: 
     args, kwargs = _positional(func, args, kwargs)
     meta = _row_layout(meta, args, kwargs)
     where = f"OpAdapter({adapter.qualified_name})"
-    if not meta.layout.is_halo():
+    if not meta.layout.is_halo() and not (meta.layout.is_sharded() and _owned_rows_only(adapter)):
         raise NotImplementedError(
-            f"{where}: OpAdapter transforms are implemented for halo storage only, and this model "
-            f"runs with {type(meta.layout).__name__} storage; run it with the halo strategy "
-            "(HaloStoragePolicy)"
+            f"{where}: OpAdapter transforms other than SliceOwned and AllReduceSum are implemented "
+            f"for halo storage only, and this model runs with {type(meta.layout).__name__} storage; "
+            "run it with the halo strategy (HaloStoragePolicy)"
         )
     for position in adapter.arg_transforms:
         if position >= len(args):

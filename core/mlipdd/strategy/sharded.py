@@ -35,7 +35,7 @@ from mlipdd.shard.layouts import layout_for
 from mlipdd.shard.owned_rows import owned_rows_scope
 from mlipdd.shard.placement import SYSTEM_INDEX
 from mlipdd.shard.tensor import neighbors_as_edge_rows
-from mlipdd.strategy.halo import HaloState, SpatialStrategy, exchange_counts
+from mlipdd.strategy.halo import HaloState, SpatialStrategy, exchange_counts, model_inputs
 from mlipdd.strategy.kinds import StrategyKind
 from mlipdd.strategy.outputs import consolidate_outputs
 
@@ -89,6 +89,9 @@ class ShardedStrategy(SpatialStrategy):
             "batch": ShardTensor.wrap(batch.batch, meta, SYSTEM_INDEX),
             "atom_ids": batch.atom_ids,
         }
+        # extra per-atom inputs (partial charges, spins) as halo storage hands them over,
+        # owned rows here: a read at an edge's remote end is routed like the positions'
+        node.update({name: ShardTensor.wrap(value, meta) for name, value in model_inputs(batch).items()})
         owned = Batch._from_dicts(node, dict(batch.system))
         owned.neighbors = neighbors_as_edge_rows(state.neighbors, meta)
         owned.n_owned = batch.num_atoms

@@ -22,7 +22,6 @@ import torch
 from mlipdd import Batch
 from mlipdd.data import InputError
 from nvalchemiops.torch import spline as _nv_spline  # registers nvalchemiops::spline_* ops
-from nvalchemiops.torch.interactions.electrostatics.pme import compute_bspline_moduli_1d
 
 from mlipdd_ewald_pme.coulomb import COULOMB_EV_ANGSTROM
 from mlipdd_ewald_pme.ewald import plane_spacings
@@ -358,8 +357,9 @@ def green_function(cell: torch.Tensor, dims: tuple[int, int, int], alpha: float,
     safe = torch.where(origin, torch.ones_like(k2), k2)
     volume = torch.linalg.det(cell).abs()
     green = COULOMB_EV_ANGSTROM * 4 * math.pi / (volume * safe) * torch.exp(-safe / (4 * alpha**2))
-    # the spline's structure factor, sinc(m / n)^order per axis (nvalchemiops' own PME uses it)
-    moduli = [compute_bspline_moduli_1d(f, n, spline_order) for f, n in zip(freqs, dims)]
+    # the spline's structure factor, sinc(m / n)^order per axis (as nvalchemiops' own PME; written
+    # here: importing its PME module compiles ~13 s of Warp kernels per process, per spawned rank)
+    moduli = [torch.special.sinc(f / n) ** spline_order for f, n in zip(freqs, dims)]
     modulus = moduli[0][:, None, None] * moduli[1][None, :, None] * moduli[2][None, None, :]
     deconvolution = 1.0 / modulus.square()
     return torch.where(origin, torch.zeros_like(k2), green * deconvolution)

@@ -84,8 +84,9 @@ def torchpme_reference(batch: Batch, alpha: float, cutoff: float, method="ewald"
 # ---- domain decomposition: many cases per spawned launch -------------------------------
 
 
-def distributed_cases(rank, world_size, cases):
-    """Spawned-rank worker: each ``(factory, batch, compute_stress)`` through `DistributedModel`.
+def distributed_cases(rank, world_size, cases, strategy=None):
+    """Spawned-rank worker: each ``(factory, batch, compute_stress)`` through `DistributedModel`
+    (``strategy``: DomainConfig's, None = the model's own choice).
 
     One launch per rank count covers every case (spawning ranks is the slow part).
     Returns per case the owned atom ids, energy, forces, stress and this rank's edge count.
@@ -97,7 +98,7 @@ def distributed_cases(rank, world_size, cases):
     for factory, batch, compute_stress in cases:
         model = factory()
         runner = DistributedPipelineModel if isinstance(model, PipelineModelWrapper) else DistributedModel
-        dm = runner(model, DomainConfig(cutoff=model.cutoff))
+        dm = runner(model, DomainConfig(cutoff=model.cutoff, strategy=strategy))
         owned = dm.partition(batch if rank == 0 else None)
         out = dm(owned, compute_stress=compute_stress)
         results.append({

@@ -87,7 +87,7 @@ def _write_traj_on_ranks(rank, world_size, path):
         dp.run()
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_every_traj_frame_carries_energy_and_forces_at_any_rank_count(tmp_path, world_size):
     """O2 (*was broken*: at 2 ranks 1 of 5 .traj frames had them): ASE's .traj writer drops
     a single-point calculator's results once the atoms moved from where it was made, and

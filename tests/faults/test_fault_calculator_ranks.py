@@ -153,3 +153,23 @@ def test_the_same_program_with_a_main_guard_runs(tmp_path):
                          env=dict(os.environ, OMP_NUM_THREADS="1"), check=False)
     assert out.returncode == 0, out.stderr
     assert np.isfinite(float(out.stdout.split()[-1]))
+
+
+_MODEL_IN_MAIN = """
+from mlipdd.ase import MLIPDDCalculator
+from mlipdd.models import LennardJones
+class MyArgon(LennardJones):
+    pass
+MLIPDDCalculator(MyArgon(epsilon=0.0104, sigma=3.4, cutoff=5.5), nproc=2)
+"""
+
+
+def test_a_model_class_defined_in_python_c_is_refused_with_the_fix():
+    """A notebook's or ``python -c``'s own class cannot reach the ranks (they import it by
+    name): refused before any rank starts, naming the class and the fix (was: a rank's
+    unpickling traceback, then 'rank 0 died')."""
+    out = subprocess.run([sys.executable, "-c", _MODEL_IN_MAIN], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"), check=False)
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode != 0 and "MyArgon is defined in a main program that has no file" in last, out.stderr
+    assert "define the model class (or factory) in a module" in last

@@ -38,9 +38,10 @@ def in_rank_bootstrap() -> bool:
     return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
 
 
-def check_spawn_can_start() -> None:
+def check_spawn_can_start(model=None) -> None:
     """Call before starting ranks: ends a rank re-running unguarded main code; refuses a main
-    program that spawned ranks cannot re-import (stdin)."""
+    program that spawned ranks cannot re-import (stdin), and a model (or factory) defined in
+    a main program that has no file (``python -c``, a notebook): the ranks could not find it."""
     if in_rank_bootstrap():
         # a rank of ours, re-running the parent's top-level code: say nothing here (the
         # parent says it once), end before any import or rank start of the user's code
@@ -54,4 +55,11 @@ def check_spawn_can_start() -> None:
         raise RuntimeError(
             f"the main program was read from {path!r}, not from a file, so spawned ranks cannot "
             f"import it; save it to a file and {_FIX}"
+        )
+    defined_in_main = getattr(model, "__module__", None) == "__main__" or type(model).__module__ == "__main__"
+    if path is None and defined_in_main:
+        raise RuntimeError(
+            f"{getattr(model, '__qualname__', type(model).__qualname__)} is defined in a main program "
+            "that has no file (python -c, a notebook, the interactive prompt), so the ranks cannot "
+            "import it; define the model class (or factory) in a module and import it from there"
         )

@@ -65,7 +65,7 @@ class RankPool:
 
         if int(nproc) < 1:
             raise ValueError(f"nproc must be at least 1, got {nproc}")
-        check_spawn_can_start()
+        check_spawn_can_start(model)
         self.nproc = int(nproc)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         # in the parent: cutoff and dtype, and one process's answer when the ranks' is not finite

@@ -215,3 +215,22 @@ def test_charges_of_a_charge_model_on_two_sharded_ranks():
         np.testing.assert_allclose(charges, ref.get_charges(), rtol=0, atol=1e-12)
         np.testing.assert_allclose(atoms.get_forces(), ref.get_forces(), rtol=0, atol=1e-10)
     assert abs(charges.sum()) < 1e-10 and np.abs(charges).max() > 1e-3  # neutral, not all zero
+
+
+def test_calculators_sharing_a_pool_use_its_ranks_and_settings():
+    from mlipdd.ase import RankPool
+
+    with RankPool(lj_model(), nproc=2) as pool:
+        calcs = [MLIPDDCalculator(pool=pool) for _ in range(3)]
+        assert all(c.worker_pids == pool.pids for c in calcs) and len(pool.pids) == 2
+        one = MLIPDDCalculator(lj_model())
+        for seed, calc in enumerate(calcs):
+            atoms, ref = argon_triclinic(seed=seed), argon_triclinic(seed=seed)
+            atoms.calc, ref.calc = calc, one
+            assert atoms.get_potential_energy() == pytest.approx(ref.get_potential_energy(), rel=1e-12)
+        calcs[0].close()  # a calculator does not close the pool it was given
+        assert pool.alive
+        with pytest.raises(ValueError, match="give dtype to RankPool"):
+            MLIPDDCalculator(pool=pool, dtype=torch.float32)
+        pids = pool.pids
+    assert not any(_alive(pid) for pid in pids)  # closing the pool stops them

@@ -307,8 +307,12 @@ class ModelEvaluator:
             raise ValueError(f"nproc must be at least 1, got {nproc}")
         self.pool, self._owns_pool, self.model = pool, False, None
         if pool is not None:
-            if model is not None:
-                raise ValueError("give either a model or a pool (the pool holds the model), not both")
+            given = {"model": model is not None, "nproc": int(nproc) != 1, "config": config is not None,
+                     "device": device is not None, "dtype": dtype is not None}
+            if any(given.values()):  # the pool's own settings hold: a second set would be ignored
+                names = ", ".join(k for k, v in given.items() if v)
+                raise ValueError(f"with pool= the pool's model and settings hold; give {names} to "
+                                 "RankPool(...) instead")
             self.nproc, self.device, self.dtype, self.cutoff = pool.nproc, pool.device, pool.dtype, pool.cutoff
             return
         if model is None:

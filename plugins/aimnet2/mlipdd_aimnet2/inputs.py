@@ -43,8 +43,11 @@ def neighbor_matrix(sender: torch.Tensor, receiver: torch.Tensor, unit_shifts: t
     the neighbour sits at ``x[sender] - u @ cell``, so the matrix stores ``-u``.
     """
     device = receiver.device
-    order = torch.argsort(receiver, stable=True)
-    receiver, sender, unit_shifts = receiver[order], sender[order], unit_shifts[order]
+    # mlipdd's lists come sorted by receiver (and a mask keeps the order): checking is a
+    # tenth of the cost of sorting two million edges again
+    if receiver.numel() > 1 and not bool((receiver[1:] >= receiver[:-1]).all()):
+        order = torch.argsort(receiver, stable=True)
+        receiver, sender, unit_shifts = receiver[order], sender[order], unit_shifts[order]
     counts = torch.bincount(receiver, minlength=n_rows)
     width = max(int(counts.max()) if counts.numel() else 0, 1)
     start = torch.cumsum(counts, 0) - counts
@@ -69,10 +72,33 @@ def edge_lengths(positions: torch.Tensor, cell: torch.Tensor, system: torch.Tens
     with torch.no_grad():
         sender, receiver = edge_index[0], edge_index[1]
         pos = positions.detach()
-        cart = torch.einsum("ei,eij->ej", unit_shifts.to(pos.dtype), cell.detach()[system[receiver]])
+        cell = torch.Tensor.as_subclass(cell.detach(), torch.Tensor)
+        if cell.shape[0] == 1:  # one system: one (E, 3) x (3, 3) product, no per-edge copy of the cell
+            cart = unit_shifts.to(pos.dtype) @ cell[0]
+        else:
+            cart = torch.einsum("ei,eij->ej", unit_shifts.to(pos.dtype), cell[system[receiver]])
         vectors = pos.index_select(0, receiver) + cart - pos.index_select(0, sender)
         lengths = torch.linalg.vector_norm(vectors, dim=1)
         return torch.Tensor.as_subclass(lengths, torch.Tensor)
+
+
+# NOTE [shifts in aimnet's flat layout]: given cells of shape (B, 3, 3), aimnet turns the
+# integer shifts into vectors with one 3x3 cell per atom (``cell[mol_idx]``, a batched
+# product over every slot of the matrix); through the Coulomb matrix (N x 1100 slots at
+# 15 A) that product and its backward doubled the network's time. One system hands aimnet
+# its (3, 3) cell, as aimnet's calculator does; several get the vectors computed here,
+# three broadcast products against each atom's cell rows, and an identity cell.
+def _cell_for_aimnet(cell: torch.Tensor) -> torch.Tensor:
+    if cell.shape[0] == 1:
+        return cell[0]
+    return torch.eye(3, dtype=cell.dtype, device=cell.device)
+
+
+def _shifts_for_aimnet(unit_shifts: torch.Tensor, cell: torch.Tensor, system: torch.Tensor) -> torch.Tensor:
+    if cell.shape[0] == 1:
+        return unit_shifts
+    rows = cell.index_select(0, system)  # (N, 3, 3): each atom's cell vectors
+    return sum(unit_shifts[..., k:k + 1] * rows[:, k:k + 1, :] for k in range(3))
 
 
 def aimnet_inputs(batch: Batch, positions: torch.Tensor, cell: torch.Tensor, charge: torch.Tensor,
@@ -95,7 +121,7 @@ def aimnet_inputs(batch: Batch, positions: torch.Tensor, cell: torch.Tensor, cha
         "coord": positions,
         "numbers": batch.atomic_numbers,
         "charge": charge,
-        "cell": cell,
+        "cell": _cell_for_aimnet(cell),
         "mol_idx": batch.batch,
         "_nb_mode": torch.tensor(1),
         "_input_padded": torch.tensor(False),
@@ -111,6 +137,6 @@ def aimnet_inputs(batch: Batch, positions: torch.Tensor, cell: torch.Tensor, cha
         # a ghost atom has no edges here: its row of the table is padding (refreshed after
         # each convolution, `mlipdd_aimnet2.adapters`)
         data[f"nbmat{suffix}"] = as_atom_rows(matrix.index, positions, ghosts_current=False)
-        data[f"shifts{suffix}"] = matrix.unit_shifts
+        data[f"shifts{suffix}"] = _shifts_for_aimnet(matrix.unit_shifts, cell, batch.batch)
         data[f"mask_ij{suffix}"] = matrix.pad
     return data

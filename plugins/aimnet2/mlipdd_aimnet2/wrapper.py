@@ -26,6 +26,7 @@ from mlipdd_aimnet2.coulomb import (
     simple_energy,
 )
 from mlipdd_aimnet2.inputs import aimnet_inputs
+from mlipdd_aimnet2.own_neighbors import aimnet_kernel_neighbors
 from mlipdd_aimnet2.versions import require_aimnet
 
 # Output modules whose work is per atom, per neighbour-matrix row or a per-system sum.
@@ -115,6 +116,7 @@ class AIMNet2Wrapper(ModelWrapper):
         used = [self.method_cutoffs[m] for m in self.coulomb_methods.values() if m != "none"]
         self.coulomb_cutoff = max(used) if used else None
         self.charge = float(charge)
+        self._kernel_lists = {}  # cutoff -> aimnet's AdaptiveNeighborList (`own_neighbors`)
         self.short_cutoff = float(model.aev.rc_s)
         if species is None:
             from aimnet.models.utils import extract_species
@@ -206,11 +208,13 @@ class AIMNet2Wrapper(ModelWrapper):
     def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
         self.check_input(batch)
         charge = self.total_charge(batch)
-        if batch.neighbors is None:
-            from mlipdd.neighbors import attach_neighbors
-
+        if batch.neighbors is None:  # on a view: the caller's batch is left alone
             batch = Batch._from_dicts(dict(batch.node), dict(batch.system))
-            attach_neighbors(batch, self.cutoff)
+            batch.neighbors = aimnet_kernel_neighbors(batch, self.cutoff, self._kernel_lists)
+            if batch.neighbors is None:
+                from mlipdd.neighbors import attach_neighbors
+
+                attach_neighbors(batch, self.cutoff)
         positions = batch.positions
         with torch.enable_grad():
             if not positions.requires_grad:

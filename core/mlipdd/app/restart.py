@@ -134,8 +134,10 @@ def _with_model(cfg, saved: dict | None, shown: str):
             )
         return cfg
     given_model = cfg.model is not None or bool(cfg.model_args)
-    if not given_model:
-        cfg = dataclasses.replace(cfg, model=saved["name"], model_args=dict(saved.get("args") or {}))
+    if not given_model:  # the checkpoint's; its files where they were (a restart may run elsewhere)
+        args = dict(saved.get("args") or {})
+        args.update({k: f["path"] for k, f in (saved.get("files") or {}).items() if k in args})
+        cfg = dataclasses.replace(cfg, model=saved["name"], model_args=args)
     mine = model_identity(cfg.model or saved["name"], dict(cfg.model_args))
     problem = _model_difference(saved, mine, shown)
     if problem is None:
@@ -156,7 +158,14 @@ def _describe(identity: dict) -> str:
 
 
 def _model_difference(saved: dict, mine: dict, shown: str) -> str | None:
-    if saved.get("name") != mine["name"] or _plain(saved.get("args") or {}) != mine["args"]:
+    """What differs: the name, an argument other than a file, a file's bytes (a file may
+    have moved, or be named relative to another folder: its sha256 decides)."""
+    files = set(saved.get("files") or {})
+
+    def settings(args: dict) -> dict:
+        return {k: "<a file>" if k in files else v for k, v in _plain(args).items()}
+
+    if saved.get("name") != mine["name"] or settings(saved.get("args") or {}) != settings(mine["args"]):
         return (f"checkpoint {shown} was written with model {_describe(saved)}, this run asks for "
                 f"{_describe(mine)}")
     for key, then in (saved.get("files") or {}).items():

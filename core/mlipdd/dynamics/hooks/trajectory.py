@@ -55,6 +55,7 @@ class TrajectoryWriter:
         self.frames_written = 0
         self._handle = None
         self._last_step: int | None = None
+        self._file_holds_through: int | None = None  # append: the file's last step at open
 
     def __call__(self, ctx, stage) -> None:
         if not ctx.dynamics.reduce.is_root:
@@ -63,9 +64,11 @@ class TrajectoryWriter:
             self.close()
             return
         if self._handle is None and self.frames_written == 0 and self.append:
-            self._last_step = last_frame_step(self.path, self.format)
-        if self._last_step is not None and ctx.step <= self._last_step:
-            return  # written already (by this run, or by the run a restart continues)
+            self._file_holds_through = last_frame_step(self.path, self.format)
+        if ctx.step == self._last_step:
+            return  # written already at this step (AFTER_STEP of a run, BEFORE_RUN of the next)
+        if self._file_holds_through is not None and ctx.step <= self._file_holds_through:
+            return  # the run a restart continues wrote it
         self._last_step = ctx.step
         batch = ctx.batch
         # NOTE [unwrapped frames]: ranks wrap atoms into the cell when they migrate (the

@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 import torch
 from ase.build import bulk
-from mlipdd.ase import MLIPDDCalculator
+from mlipdd.ase import MLIPDDCalculator, RankPool
 from mlipdd.data import InputError
-from mlipdd.ase import RankPool
 
 pytest.importorskip("mace", reason="mace-torch is not installed (see plugins/mace/README.md)")
-from mace.calculators import MACECalculator  # noqa: E402
-from mlipdd_mace.testing import random_mace  # noqa: E402
-from mlipdd_mace.wrapper import MACEWrapper  # noqa: E402
+from mace.calculators import MACECalculator
+from mlipdd_mace.testing import random_mace
+from mlipdd_mace.wrapper import MACEWrapper
 
 NPROCS = [1, 2]
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 import time
 
 import torch
-
 from mlipdd.models.lj import LennardJones
 
-ARGON = dict(epsilon=0.0104, sigma=3.4, cutoff=5.5)
+ARGON = {"epsilon": 0.0104, "sigma": 3.4, "cutoff": 5.5}
 
 
 def _rank() -> int:

@@ -29,11 +29,14 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any
 
 import torch
 
-from mlipdd.distributed.main_guard import MAIN_REIMPORT_EXIT_CODE, check_spawn_can_start, unguarded_main_message
+from mlipdd.distributed.main_guard import (
+    MAIN_REIMPORT_EXIT_CODE,
+    check_spawn_can_start,
+    unguarded_main_message,
+)
 from mlipdd.distributed.rank_worker import build_model_object, rank_main
 
 _START_TIMEOUT_S = 300.0  # model import and group formation on a busy machine
@@ -165,11 +168,12 @@ class RankPool:
         if not failed:
             return answers[0][1]
         # every rank answered: the ranks regroup and serve the next call
-        origin = sorted(failed, key=lambda a: a[3])[0]  # a rank that only relays comes last
+        failed.sort(key=lambda a: a[3])  # the rank that failed first; those relaying it last
         for kind, error in (("input", InputError), ("nonfinite", FloatingPointError)):
-            if any(a[1] == kind for a in failed):
-                raise error(next(a[2] for a in sorted(failed, key=lambda a: a[3]) if a[1] == kind))
-        raise WorkerError(f"{origin[2]}\n(the ranks are intact and serve the next call)")
+            texts = [a[2] for a in failed if a[1] == kind]
+            if texts:
+                raise error(texts[0])
+        raise WorkerError(f"{failed[0][2]}\n(the ranks are intact and serve the next call)")
 
     def _replace_dead_ranks(self) -> None:
         """New ranks when the last call lost one, or when one died between calls (the OOM

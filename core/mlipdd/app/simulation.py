@@ -190,7 +190,6 @@ def prepare_system(cfg: RunConfig) -> tuple[RunConfig, Batch, Any]:
         cfg = settings_from_checkpoint(cfg, checkpoint)
     cfg = cfg.with_defaults()
     if checkpoint is not None:
-
         check_trajectory_continues(cfg, checkpoint.step)
         batch = checkpoint.batch.to(dtype=DTYPES[cfg.dtype])
     else:

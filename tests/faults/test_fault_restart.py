@@ -9,6 +9,7 @@ and truncated the trajectory it was given. Real runs through the command line th
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import ase.io
@@ -78,7 +79,7 @@ def test_a_three_rank_nose_hoover_run_continued_on_one_process_has_no_jumps(tmp_
                  "--trajectory", str(tmp_path / "md.traj"), "--trajectory-every", "5"]) == 0
     frames = ase.io.read(tmp_path / "md.traj", ":")
     assert [f.info["step"] for f in frames] == list(range(0, 65, 5))
-    moves = [np.abs(b.positions - a.positions).max() for a, b in zip(frames, frames[1:])]
+    moves = [np.abs(b.positions - a.positions).max() for a, b in itertools.pairwise(frames)]
     assert max(moves) < 1.0, moves  # a jump is a lattice vector (~16 A)
 
 

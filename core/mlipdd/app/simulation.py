@@ -183,7 +183,11 @@ def prepare_system(cfg: RunConfig) -> tuple[RunConfig, Batch, Any]:
     temperature, seed, ...; a model or system other than its own is refused, see
     `mlipdd.app.restart`), then from `UNSET_DEFAULTS` and the system. So build the model
     from the settings this returns."""
-    from mlipdd.app.restart import check_trajectory_continues, read_restart, settings_from_checkpoint
+    from mlipdd.app.restart import (
+        check_trajectory_continues,
+        read_restart,
+        settings_from_checkpoint,
+    )
 
     checkpoint = read_restart(cfg)
     if checkpoint is not None:

@@ -29,7 +29,7 @@ import torch
 from mlipdd.comm import all_gather_objects, gather_objects, group_rank
 from mlipdd.data import Batch, InputError
 from mlipdd.dynamics.base import HookContext, hook_stages
-from mlipdd.dynamics.hooks.trajectory import unwrapped_positions  # noqa: F401 - re-exported
+from mlipdd.dynamics.hooks.trajectory import unwrapped_positions
 from mlipdd.dynamics.reduce import GlobalReducer
 
 

@@ -1,13 +1,15 @@
-"""DFT-D3(BJ) two-body dispersion as a model wrapper, in plain torch.
+"""DFT-D3(BJ) dispersion (two-body, optional three-body ATM) as a model wrapper, in plain torch.
 
     CN_i  = sum_j 1 / (1 + exp(-16 (R_cov,i + R_cov,j) / r_ij + 16))          (r_ij < cutoff)
     C6_ij = sum_ab w_ia w_jb C6ref(Z_i, Z_j)_ab,   w_ia ~ exp(-4 (CN_i - CNref_ia)^2), normalised
-    E     = -1/2 sum_ij [s6 C6 / (r^6 + R0^6) + s8 C8 / (r^8 + R0^8)],  C8 = 3 C6 Q_i Q_j,
+    E     = -1/2 sum_ij [s6 C6 / (r^6 + R0^6) + s8 C8 / (r^8 + R0^8)] S(r),  C8 = 3 C6 Q_i Q_j,
             R0 = a1 sqrt(3 Q_i Q_j) + a2                                     (r_ij < cutoff)
+    S     = 1, or a quintic switch from ``switch_on`` to the cutoff
 
 The reference tables (C6ref, CNref, covalent radii, Q = sqrt(<r^4>/<r^2>) scaled) are
 Grimme's D3 reference as shipped by tad-dftd3 (nvalchemiops 0.5.0 ships none: its
-``dftd3`` kernel needs a user-supplied parameter file). No three-body (ATM) term.
+``dftd3`` kernel needs a user-supplied parameter file). The three-body (ATM) term is in
+`mlipdd_ewald_pme.three_body` (``params={"s9": 1.0}``).
 
 Domain decomposition: the coordination numbers are an ``index_add`` into atom rows, so
 the halo dispatch gives every ghost row its owner's complete CN (a two-layer
@@ -22,7 +24,6 @@ from mlipdd import Batch
 from mlipdd.data import InputError
 from mlipdd.models import ModelConfig, ModelWrapper, NeighborConfig
 
-from mlipdd_ewald_pme.coulomb import edge_distances
 from mlipdd_ewald_pme.spec import SPEC_DFTD3_HALO
 
 BOHR = 0.529177210903  # Angstrom
@@ -37,7 +38,8 @@ def reference_tables(dtype=torch.float64) -> dict[str, torch.Tensor]:
     from tad_mctc.data import radii
 
     ref = Reference(dtype=dtype, device=torch.device("cpu"))
-    return {"c6": ref.c6, "cn": ref.cn, "rcov": radii.COV_D3(dtype=dtype), "r4r2": data.R4R2(dtype=dtype)}
+    return {"c6": ref.c6, "cn": ref.cn, "rcov": radii.COV_D3(dtype=dtype), "r4r2": data.R4R2(dtype=dtype),
+            "rvdw": radii.VDW_PAIRWISE(dtype=dtype)}  # zero-damping radii (Bohr), for the ATM term
 
 
 def reference_weights(cn: torch.Tensor, cn_ref: torch.Tensor) -> torch.Tensor:
@@ -61,12 +63,30 @@ def reference_weights(cn: torch.Tensor, cn_ref: torch.Tensor) -> torch.Tensor:
 
 
 class D3Wrapper(ModelWrapper):
-    """DFT-D3(BJ) with damping parameters ``s6, a1, s8, a2`` (default PBE)."""
+    """DFT-D3(BJ) with damping parameters ``s6, a1, s8, a2`` (default PBE), ``s9`` for the
+    three-body ATM term (default 0: two-body only, as aimnet's D3 and D3(BJ) without "-ATM";
+    1.0 is D3(BJ)-ATM, `mlipdd_ewald_pme.three_body`).
 
-    def __init__(self, cutoff: float = 10.0, params: dict | None = None):
+    ``cutoff`` bounds the coordination numbers and the pair sum; ``three_body_cutoff``
+    (default ``cutoff``, at most it) the ATM triples. ``switch_on`` (A, below ``cutoff``)
+    multiplies each pair energy by the quintic switch ``1 - 10 t^3 + 15 t^4 - 6 t^5``,
+    ``t = (r - switch_on) / (cutoff - switch_on)``, so energy and force reach zero smoothly at
+    the cutoff (the coordination numbers are not switched); released AIMNet2 models use
+    ``cutoff=15.0, switch_on=12.0``, as aimnet's own D3 does. None: a hard cutoff.
+    """
+
+    def __init__(self, cutoff: float = 10.0, params: dict | None = None, three_body_cutoff: float | None = None,
+                 switch_on: float | None = None):
         super().__init__()
         self.model_config = ModelConfig(NeighborConfig(float(cutoff)))
-        self.params = {**PBE_BJ, **(params or {})}
+        self.params = {**PBE_BJ, "s9": 0.0, **(params or {})}
+        self.three_body_cutoff = float(cutoff if three_body_cutoff is None else three_body_cutoff)
+        if not 0.0 < self.three_body_cutoff <= float(cutoff):
+            raise InputError(f"three_body_cutoff must lie in (0, cutoff={cutoff}], got {three_body_cutoff}: the "
+                             "triples are built from the pair term's neighbour list")
+        if switch_on is not None and not 0.0 <= float(switch_on) < float(cutoff):
+            raise InputError(f"switch_on must lie in [0, cutoff={cutoff}), got {switch_on}; None for a hard cutoff")
+        self.switch_on = None if switch_on is None else float(switch_on)
         for name, table in reference_tables().items():
             self.register_buffer(name, table)
 
@@ -78,10 +98,13 @@ class D3Wrapper(ModelWrapper):
         if bool((z >= self.cn.shape[0]).any()):
             raise InputError(f"D3Wrapper has reference data up to Z={self.cn.shape[0] - 1}; "
                              "remove heavier elements or use another dispersion model")
-        sender, receiver, d = edge_distances(batch, positions, cell)
-        inside = d < self.cutoff
-        safe = torch.where(inside, d / BOHR, torch.ones_like(d))  # Bohr; 1 off the cutoff
-        return z, sender, receiver, inside, safe
+        nl = batch.neighbors
+        sender, receiver = nl.edge_index
+        vectors = (positions[sender] - positions[receiver] - nl.shifts(cell, batch.batch)) / BOHR
+        d = vectors.norm(dim=1)
+        inside = d < self.cutoff / BOHR
+        safe = torch.where(inside, d, torch.ones_like(d))  # Bohr; 1 off the cutoff
+        return z, sender, receiver, inside, safe, vectors
 
     def _coordination(self, z, sender, receiver, inside, safe, n_rows: int):
         # complete on every [owned | ghost] row under DD (halo-corrected scatter)
@@ -99,19 +122,34 @@ class D3Wrapper(ModelWrapper):
             attach_neighbors(batch, self.cutoff)
         positions = batch.positions if positions is None else positions
         cell = batch.cell if cell is None else cell
-        edges = self._edges(batch, positions, cell)
-        return self._coordination(*edges, positions.shape[0])
+        z, sender, receiver, inside, safe, _ = self._edges(batch, positions, cell)
+        return self._coordination(z, sender, receiver, inside, safe, positions.shape[0])
+
+    def _switch(self, r_bohr: torch.Tensor) -> torch.Tensor:
+        """The quintic switch (1 below ``switch_on``, 0 at the cutoff), or 1 without one."""
+        if self.switch_on is None:
+            return torch.ones_like(r_bohr)
+        t = ((r_bohr * BOHR - self.switch_on) / (self.cutoff - self.switch_on)).clamp(0.0, 1.0)
+        return 1.0 - t**3 * (10.0 - 15.0 * t + 6.0 * t * t)
 
     def atomic_energies(self, batch: Batch, positions, cell) -> torch.Tensor:
-        z, sender, receiver, inside, safe = self._edges(batch, positions, cell)
+        z, sender, receiver, inside, safe, vectors = self._edges(batch, positions, cell)
         cn = self._coordination(z, sender, receiver, inside, safe, positions.shape[0])
         weights = reference_weights(cn, self.cn[z])
+        weights_sender = weights[sender]
         c6_ref = self.c6[z[sender], z[receiver]]  # (E, 7, 7)
-        c6 = torch.einsum("ea,eab,eb->e", weights[sender], c6_ref, weights[receiver])
+        c6 = torch.einsum("ea,eab,eb->e", weights_sender, c6_ref, weights[receiver])
         qq = 3.0 * self.r4r2[z[sender]] * self.r4r2[z[receiver]]
         p = self.params
         radius = p["a1"] * torch.sqrt(qq) + p["a2"]
         pair = p["s6"] * c6 / (safe**6 + radius**6) + p["s8"] * c6 * qq / (safe**8 + radius**8)
-        pair = torch.where(inside, pair, torch.zeros_like(pair))
+        pair = torch.where(inside, pair * self._switch(safe), torch.zeros_like(pair))
         energies = torch.zeros_like(cn)
-        return energies.index_add(0, receiver, -0.5 * HARTREE * pair)
+        energies = energies.index_add(0, receiver, -0.5 * HARTREE * pair)
+        if p["s9"] != 0.0:
+            from mlipdd_ewald_pme.three_body import atm_energies
+
+            three = atm_energies(positions, receiver, vectors, c6, weights_sender, z[sender], z[receiver],
+                                 self.c6, self.rvdw, self.three_body_cutoff / BOHR, float(p["s9"]))
+            energies = energies + HARTREE * three
+        return energies

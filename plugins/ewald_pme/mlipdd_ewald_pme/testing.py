@@ -267,10 +267,12 @@ def tad_dftd3_reference(batch: Batch, cutoff: float, params: dict, s9: float = 0
             "cluster_atoms": len(index), "finite_differences": differences}
 
 
-def simple_dftd3_reference(batch: Batch, cutoff: float, params: dict, s9: float = 0.0):
+def simple_dftd3_reference(batch: Batch, cutoff: float, params: dict, s9: float = 0.0,
+                           three_body_cutoff: float | None = None, switch_width: float = 0.0):
     """Energy, forces and stress of one system from simple-dftd3 (the ``dftd3`` package's
     Python API over its compiled library; periodic natively), same cutoffs and units as
-    `tad_dftd3_reference`."""
+    `tad_dftd3_reference`; ``three_body_cutoff`` (default ``cutoff``): its ATM triples';
+    ``switch_width`` (A): simple-dftd3's smoothing of the pair term over the last A of the cutoff."""
     from dftd3.interface import DispersionModel, RationalDampingParam
 
     from mlipdd_ewald_pme.d3 import BOHR, HARTREE
@@ -279,7 +281,8 @@ def simple_dftd3_reference(batch: Batch, cutoff: float, params: dict, s9: float 
     cell = batch.cell[0].detach().double()
     model = DispersionModel(batch.atomic_numbers.numpy(), batch.positions.detach().double().numpy() / BOHR,
                             cell.numpy() / BOHR, pbc.numpy())
-    model.set_realspace_cutoff(cutoff / BOHR, cutoff / BOHR, cutoff / BOHR)
+    three = cutoff if three_body_cutoff is None else three_body_cutoff
+    model.set_realspace_cutoff(cutoff / BOHR, three / BOHR, cutoff / BOHR, switch_width / BOHR)  # pairs, triples, CN
     damping = RationalDampingParam(s6=params["s6"], s8=params["s8"], a1=params["a1"], a2=params["a2"], s9=s9)
     result = model.get_dispersion(damping, grad=True)
     volume = float(cell.det().abs()) if bool(pbc.all()) else float("nan")

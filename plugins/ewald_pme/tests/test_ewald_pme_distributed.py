@@ -4,7 +4,9 @@ images, a batch of two different triclinic cells with random non-neutral charges
 with vacuum (DSF), and a 2000-atom rattled rock salt with vacancies (PME). Pipelines run
 under DistributedPipelineModel: [MACE, PME], [MACE, QEq charges -> PME], [MACE, D3] and
 [MACE, PME, D3]; D3 alone on rattled MgO, whose Mg coordination numbers lie far past
-every D3 reference (the stable weights' fallback); PME with the plain-torch spline ops.
+every D3 reference (the stable weights' fallback), and with the three-body ATM term and a
+switched cutoff there (NOTE [triples under DD] in three_body.py); PME with the plain-torch
+spline ops.
 One spawned launch per rank count
 runs every case.
 """
@@ -37,6 +39,7 @@ EWALD = functools.partial(EwaldWrapper, cutoff=6.0, accuracy=1e-6)
 PME = functools.partial(PMEWrapper, cutoff=6.0, accuracy=1e-6)
 DSF = functools.partial(DSFWrapper, cutoff=7.0, alpha=0.25)
 D3 = functools.partial(D3Wrapper, cutoff=6.0)
+D3_ATM = functools.partial(D3Wrapper, cutoff=6.0, params={"s9": 1.0}, three_body_cutoff=5.0, switch_on=4.5)
 PME_TORCH = functools.partial(PMEWrapper, cutoff=6.0, accuracy=1e-6, spline="torch")
 
 
@@ -53,7 +56,7 @@ def _cases():
         (EWALD, pair, True), (PME, pair, True), (DSF, vacuum, True),
         (mace_pme_pipeline, small, True), (qeq_pme_pipeline, small, True),
         (mace_d3_pipeline, pair, True), (mace_pme_d3_pipeline, small, True),
-        (D3, mgo, True),
+        (D3, mgo, True), (D3_ATM, mgo, True),
         (PME, large, True), (DSF, large, False),
     ]
 

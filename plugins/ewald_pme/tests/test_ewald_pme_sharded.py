@@ -1,9 +1,9 @@
 """Sharded storage (issue 26 item 3): batch charges reach the model as owned rows, and PME's
 spline ops (OpAdapters of SliceOwned / AllReduceSum only) run on them. Ewald, PME (Warp and
-torch splines), DSF, QEq charges -> PME and AIMNet2 charges -> PME (a random AIMNet2 of the
-released architecture) at 2, 3 and 4 gloo ranks equal one process (float64): a small tilted
-charged cell, a batch of two triclinic cells with random non-neutral charges, and a
-molecular crystal. One spawned launch per rank count.
+torch splines), DSF, QEq charges -> PME, AIMNet2 charges -> PME (a random AIMNet2 of the
+released architecture) and D3 with its three-body term and a switched cutoff at 2, 3 and 4
+gloo ranks equal one process (float64): a small tilted charged cell, a batch of two
+triclinic cells with random non-neutral charges, a molecular crystal, 32 copper atoms. One spawned launch per rank count.
 """
 
 from __future__ import annotations
@@ -15,7 +15,15 @@ import pytest
 from mlipdd import Batch
 from mlipdd.testing.spawn import run_ranks
 from mlipdd.testing.systems import two_systems
-from mlipdd_ewald_pme.testing import compare_distributed, distributed_cases, qeq_pme_pipeline, random_charges, rock_salt
+from mlipdd_ewald_pme.d3 import D3Wrapper
+from mlipdd_ewald_pme.testing import (
+    compare_distributed,
+    d3_systems,
+    distributed_cases,
+    qeq_pme_pipeline,
+    random_charges,
+    rock_salt,
+)
 from mlipdd_ewald_pme.wrappers import DSFWrapper, EwaldWrapper, PMEWrapper
 
 WORLD_SIZES = tuple(int(n) for n in os.environ.get("MLIPDD_CONFORMANCE_RANKS", "2,3,4").split(","))
@@ -23,6 +31,7 @@ EWALD = functools.partial(EwaldWrapper, cutoff=6.0, accuracy=1e-6)
 PME = functools.partial(PMEWrapper, cutoff=6.0, accuracy=1e-6)
 PME_TORCH = functools.partial(PMEWrapper, cutoff=6.0, accuracy=1e-6, spline="torch")
 DSF = functools.partial(DSFWrapper, cutoff=7.0, alpha=0.25)
+D3_ATM = functools.partial(D3Wrapper, cutoff=6.0, params={"s9": 1.0}, switch_on=4.5)
 
 
 def aimnet_pme():
@@ -40,7 +49,8 @@ def _cases():
     small = rock_salt((2, 2, 2), vacancies=2, extra_charge=1.0, seed=1)
     pair = random_charges(two_systems(species=(11, 17), spacing=2.9), seed=2, neutral=False)
     crystal = Batch.from_data_list([molecular_crystal((3, 2, 2), seed=0)])
-    return [(EWALD, small, True), (PME, small, True), (PME_TORCH, pair, True), (DSF, pair, True),
+    copper = Batch.from_ase(d3_systems()["Cu fcc (cubic)"].repeat((2, 2, 2)))
+    return [(D3_ATM, copper, True), (EWALD, small, True), (PME, small, True), (PME_TORCH, pair, True), (DSF, pair, True),
             (qeq_pme_pipeline, small, True), (aimnet_pme, crystal, True)]
 
 

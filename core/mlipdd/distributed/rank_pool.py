@@ -191,6 +191,8 @@ class RankPool:
     def _collect(self, timeout: float, starting: bool = False) -> list[tuple]:
         """One answer per rank, within ``timeout`` seconds. A rank that dies, stays stopped
         or does not answer raises `WorkerError` naming it; the other ranks are killed."""
+        from multiprocessing.connection import wait
+
         deadline = time.monotonic() + timeout
         answers: list[tuple | None] = [None] * self.nproc
         stopped_since: dict[int, float] = {}
@@ -199,10 +201,12 @@ class RankPool:
             return any(a is not None and a[0] == "failed" and a[1] == "start" for a in answers)
 
         while any(a is None for a in answers) and not lost and not start_failed():
-            for rank, (conn, proc) in enumerate(zip(self._conns, self._procs)):
-                if answers[rank] is not None:
-                    continue
-                if conn.poll(0.02):
+            pending = [r for r, a in enumerate(answers) if a is None]
+            # wakes at an answer or a rank's exit; the timeout only paces the stopped/deadline checks
+            wait([self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending], 0.25)
+            for rank in pending:
+                conn, proc = self._conns[rank], self._procs[rank]
+                if conn.poll():
                     try:
                         answers[rank] = conn.recv()
                     except (EOFError, OSError):

@@ -76,3 +76,28 @@ def background_energies(batch: Batch, cell, charges, alpha: float) -> torch.Tens
     # ranks where it meets atom rows) would reach the cell once per rank: the stress
     # would be counted world_size times. Per atom, each rank differentiates its share.
     return -COULOMB_EV_ANGSTROM * math.pi / (2 * alpha**2) * charges * total[batch.batch] / volume[batch.batch]
+
+
+def slab_energies(batch: Batch, positions, cell, charges, axis: torch.Tensor) -> torch.Tensor:
+    """The slab (dipole) correction of a cell periodic along two axes, vacuum along ``axis``
+    (one per system), as per-atom energies:
+
+        E = 2 pi k_e / V [M^2 - Q sum_i q_i z_i^2 - Q^2 L^2 / 12],   M = sum_i q_i z_i,
+
+    ``z`` along the normal of the periodic plane, ``L`` the cell's height along it (Yeh and
+    Berkowitz, J. Chem. Phys. 111, 3155 (1999); the charged-slab terms of Ballenegger,
+    Arnold and Cerda, J. Chem. Phys. 131, 094107 (2009)). It removes the interaction of the
+    slab's dipole with its periodic images along the normal, so the 3D sum over a cell with
+    enough vacuum becomes the 2D-periodic energy. Shared per atom as
+    ``q_i (z_i M - Q z_i^2 - Q L^2 / 12)`` (sums to E; origin-independent in the total).
+    """
+    inverse = torch.linalg.inv(cell)  # column c is normal to the other two cell vectors
+    normal = inverse.gather(2, axis.view(-1, 1, 1).expand(-1, 3, 1)).squeeze(2)  # (S, 3), b_c
+    height = 1.0 / normal.norm(dim=1)
+    volume = torch.linalg.det(cell).abs()
+    z = (positions * (normal * height.unsqueeze(1))[batch.batch]).sum(1)
+    dipole = per_system_sum(charges * z, batch)  # replicated under DD
+    total = per_system_sum(charges, batch)
+    # NOTE [read per atom first] (background_energies): every per-system value indexed per atom
+    m, q_total, l_z, v = dipole[batch.batch], total[batch.batch], height[batch.batch], volume[batch.batch]
+    return 2 * math.pi * COULOMB_EV_ANGSTROM * charges * (z * m - q_total * z * z - q_total * l_z * l_z / 12) / v

@@ -383,6 +383,18 @@ def with_vacuum(batch: Batch, vacuum: float) -> Batch:
     return out
 
 
+def dipolar_slab(vacuum: float, neutral: bool = True, periodic: bool = False) -> Batch:
+    """A tilted, rattled 2x2x1 NaCl slab (32 ions) with random charges (a dipole across it;
+    neutral or not) and ``vacuum`` A along its third, non-periodic axis (``periodic``: pbc
+    True there too, for the uncorrected 3D sum)."""
+    batch = with_vacuum(random_charges(rock_salt((2, 2, 1), seed=1, rattle=0.2), seed=5 if neutral else 6,
+                                       neutral=neutral), vacuum)
+    c = batch.cell[0, 2]
+    batch.node["positions"] = batch.positions + 0.5 * vacuum * c / c.norm()  # centred: inside the box along z
+    batch.system["pbc"] = torch.tensor([[True, True, periodic]])
+    return batch
+
+
 def accuracy_systems() -> dict:
     """The committed PME/Ewald accuracy set: an ionic crystal, SPC/E water, a slab with
     vacuum, a charged cell (background); all tilted, rattled."""

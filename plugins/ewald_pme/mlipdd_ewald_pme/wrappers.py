@@ -7,6 +7,12 @@ node property ``charges`` (one per atom, in e), else fixed charges per element
 (see `ChargeCoupled`). Splitting parameters follow from ``cutoff`` and ``accuracy``:
 ``alpha = sqrt(-ln accuracy) / cutoff`` and ``k_cutoff = 2 alpha sqrt(-ln accuracy)``, so
 the real-space and reciprocal-space truncation errors are both about ``accuracy``.
+
+Slabs: with ``slab_correction=True`` Ewald and PME take a cell periodic along two axes with
+``pbc`` False along the third, vacuum along it: the 3D sum over that cell plus the
+Yeh-Berkowitz dipole term (`ewald.slab_energies`). The vacuum must be at least the cutoff
+(no real-space pair crosses it) and about twice the slab's thickness for the usual ~1e-3
+relative accuracy of the correction (the images' quadrupole and higher moments remain).
 """
 
 from __future__ import annotations
@@ -63,15 +69,26 @@ def batch_charges(batch: Batch, model_name: str, by_element: torch.Tensor | None
     return charges
 
 
-def _require_periodic(batch: Batch, model_name: str) -> None:
+def _vacuum_axes(batch: Batch, model_name: str, slab_correction: bool) -> torch.Tensor | None:
+    """Per system, the axis without periodicity when ``slab_correction`` (else None), or
+    an error naming the fix."""
     pbc = batch.pbc
-    if pbc is not None and not bool(pbc.all()):
+    if pbc is None or bool(pbc.all()):
+        if slab_correction:
+            raise InputError(
+                f"{model_name}(slab_correction=True) needs a slab: a cell periodic along two axes "
+                "with pbc False along the vacuum axis; this batch is periodic along every axis"
+            )
+        return None
+    open_axes = (~pbc).sum(1)
+    if not slab_correction or bool((open_axes != 1).any()):
         raise InputError(
             f"{model_name} sums over periodic images in all three directions, but the batch is not "
-            f"periodic along every axis (pbc={pbc.tolist()}); use DSFWrapper for open or slab "
-            "systems (no reciprocal space), or make the cell periodic (a slab correction is not "
-            "implemented here)"
+            f"periodic along every axis (pbc={pbc.tolist()}); for a slab (one axis without periodicity, "
+            f"vacuum along it) use {model_name}(slab_correction=True); for open systems use DSFWrapper "
+            "(no reciprocal space)"
         )
+    return (~pbc).to(torch.int64).argmax(1)
 
 
 def _splitting(cutoff: float, accuracy: float, alpha: float | None) -> tuple[float, float]:
@@ -87,8 +104,10 @@ class _Electrostatics(ModelWrapper):
 
     spec = SPEC_EWALD_HALO
 
-    def __init__(self, cutoff: float, accuracy: float, alpha: float | None, element_charges: dict | None):
+    def __init__(self, cutoff: float, accuracy: float, alpha: float | None, element_charges: dict | None,
+                 slab_correction: bool = False):
         super().__init__()
+        self.slab_correction = bool(slab_correction)
         self.by_element = element_charge_table(element_charges)
         self.alpha, self.k_cutoff = _splitting(float(cutoff), float(accuracy), alpha)
         self.accuracy = float(accuracy)
@@ -101,14 +120,17 @@ class _Electrostatics(ModelWrapper):
         return batch_charges(batch, type(self).__name__, self.by_element)
 
     def atomic_energies(self, batch: Batch, positions, cell, charges=None) -> torch.Tensor:
-        _require_periodic(batch, type(self).__name__)
+        vacuum_axes = _vacuum_axes(batch, type(self).__name__, self.slab_correction)
         q = self.charges(batch) if charges is None else charges
-        return (
+        energies = (
             coulomb.ewald_real_space(batch, positions, cell, q, self.alpha, self.cutoff)
             + coulomb.ewald_self_energy(q, self.alpha)
             + ewald.background_energies(batch, cell, q, self.alpha)
             + self.reciprocal(batch, positions, cell, q)
         )
+        if vacuum_axes is not None:  # the 3D sum over the cell with vacuum, then its dipole term off
+            energies = energies + ewald.slab_energies(batch, positions, cell, q, vacuum_axes)
+        return energies
 
     def reciprocal(self, batch, positions, cell, charges):
         raise NotImplementedError
@@ -120,8 +142,8 @@ class EwaldWrapper(_Electrostatics):
     spec = SPEC_EWALD_HALO
 
     def __init__(self, cutoff: float = 10.0, accuracy: float = 1e-6, alpha: float | None = None,
-                 element_charges: dict | None = None):
-        super().__init__(cutoff, accuracy, alpha, element_charges)
+                 element_charges: dict | None = None, slab_correction: bool = False):
+        super().__init__(cutoff, accuracy, alpha, element_charges, slab_correction)
 
     def reciprocal(self, batch, positions, cell, charges):
         miller = ewald.miller_indices(batch.cell, self.k_cutoff)
@@ -143,8 +165,8 @@ class PMEWrapper(_Electrostatics):
 
     def __init__(self, cutoff: float = 10.0, accuracy: float = 1e-6, alpha: float | None = None,
                  mesh_spacing: float | None = None, spline_order: int = 6, element_charges: dict | None = None,
-                 spline: str | None = None):
-        super().__init__(cutoff, accuracy, alpha, element_charges)
+                 spline: str | None = None, slab_correction: bool = False):
+        super().__init__(cutoff, accuracy, alpha, element_charges, slab_correction)
         # registers the ops SPEC_PME_HALO names (a DD forward resolves them before running)
         from mlipdd_ewald_pme import pme  # noqa: F401
 

@@ -6,7 +6,7 @@ under DistributedPipelineModel: [MACE, PME], [MACE, QEq charges -> PME], [MACE, 
 [MACE, PME, D3]; D3 alone on rattled MgO, whose Mg coordination numbers lie far past
 every D3 reference (the stable weights' fallback), and with the three-body ATM term and a
 switched cutoff there (NOTE [triples under DD] in three_body.py); PME with the plain-torch
-spline ops.
+spline ops; the slab-corrected Ewald and PME on a charged dipolar slab.
 One spawned launch per rank count
 runs every case.
 """
@@ -24,6 +24,7 @@ from mlipdd_ewald_pme.d3 import D3Wrapper
 from mlipdd_ewald_pme.testing import (
     compare_distributed,
     d3_systems,
+    dipolar_slab,
     distributed_cases,
     mace_d3_pipeline,
     mace_pme_d3_pipeline,
@@ -41,6 +42,8 @@ DSF = functools.partial(DSFWrapper, cutoff=7.0, alpha=0.25)
 D3 = functools.partial(D3Wrapper, cutoff=6.0)
 D3_ATM = functools.partial(D3Wrapper, cutoff=6.0, params={"s9": 1.0}, three_body_cutoff=5.0, switch_on=4.5)
 PME_TORCH = functools.partial(PMEWrapper, cutoff=6.0, accuracy=1e-6, spline="torch")
+EWALD_SLAB = functools.partial(EwaldWrapper, cutoff=6.0, accuracy=1e-6, slab_correction=True)
+PME_SLAB = functools.partial(PMEWrapper, cutoff=6.0, accuracy=1e-6, slab_correction=True)
 
 
 def _cases():
@@ -51,12 +54,14 @@ def _cases():
     assert large.num_atoms == 2000
     mgo = Batch.from_ase(d3_systems()["MgO(100) slab"].repeat((2, 2, 1)))
     mgo.system["pbc"][:] = True  # vacuum along z, periodic: ranks split a cell with a gap
+    dipole_slab = dipolar_slab(12.0, neutral=False)  # slab correction, charged: z cut by the ranks
     return [
         (EWALD, small, True), (PME, small, True), (PME_TORCH, small, True), (DSF, small, True),
         (EWALD, pair, True), (PME, pair, True), (DSF, vacuum, True),
         (mace_pme_pipeline, small, True), (qeq_pme_pipeline, small, True),
         (mace_d3_pipeline, pair, True), (mace_pme_d3_pipeline, small, True),
         (D3, mgo, True), (D3_ATM, mgo, True),
+        (EWALD_SLAB, dipole_slab, True), (PME_SLAB, dipole_slab, True),
         (PME, large, True), (DSF, large, False),
     ]
 

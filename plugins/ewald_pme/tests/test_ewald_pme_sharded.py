@@ -2,7 +2,7 @@
 spline ops (OpAdapters of SliceOwned / AllReduceSum only) run on them. Ewald, PME (Warp and
 torch splines), DSF, QEq charges -> PME, AIMNet2 charges -> PME (a random AIMNet2 of the
 released architecture) and D3 with its three-body term and a switched cutoff at 2, 3 and 4
-gloo ranks equal one process (float64): a small tilted charged cell, a batch of two
+gloo ranks equal one process (float64): a small tilted charged cell, a slab-corrected charged slab, a batch of two
 triclinic cells with random non-neutral charges, a molecular crystal, 32 copper atoms. One spawned launch per rank count.
 """
 
@@ -19,6 +19,7 @@ from mlipdd_ewald_pme.d3 import D3Wrapper
 from mlipdd_ewald_pme.testing import (
     compare_distributed,
     d3_systems,
+    dipolar_slab,
     distributed_cases,
     qeq_pme_pipeline,
     random_charges,
@@ -32,6 +33,7 @@ PME = functools.partial(PMEWrapper, cutoff=6.0, accuracy=1e-6)
 PME_TORCH = functools.partial(PMEWrapper, cutoff=6.0, accuracy=1e-6, spline="torch")
 DSF = functools.partial(DSFWrapper, cutoff=7.0, alpha=0.25)
 D3_ATM = functools.partial(D3Wrapper, cutoff=6.0, params={"s9": 1.0}, switch_on=4.5)
+PME_SLAB = functools.partial(PMEWrapper, cutoff=6.0, accuracy=1e-6, slab_correction=True)
 
 
 def aimnet_pme():
@@ -50,7 +52,7 @@ def _cases():
     pair = random_charges(two_systems(species=(11, 17), spacing=2.9), seed=2, neutral=False)
     crystal = Batch.from_data_list([molecular_crystal((3, 2, 2), seed=0)])
     copper = Batch.from_ase(d3_systems()["Cu fcc (cubic)"].repeat((2, 2, 2)))
-    return [(D3_ATM, copper, True), (EWALD, small, True), (PME, small, True), (PME_TORCH, pair, True), (DSF, pair, True),
+    return [(D3_ATM, copper, True), (PME_SLAB, dipolar_slab(12.0, neutral=False), True), (EWALD, small, True), (PME, small, True), (PME_TORCH, pair, True), (DSF, pair, True),
             (qeq_pme_pipeline, small, True), (aimnet_pme, crystal, True)]
 
 

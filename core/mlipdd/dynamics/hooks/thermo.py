@@ -47,8 +47,8 @@ class ThermoLogger:
     process, or LOCAL scope under domain decomposition, where every rank runs it alike)
     asks for it on the steps it logs (``stress_every``); seen through a gathered view it
     logs a pressure only when the integrator computes the stress anyway (a barostat).
-    A model that does not declare a stress output, or a system without a volume, logs
-    ``nan``; asking for ``press`` in ``columns`` then is an error naming why.
+    A model that does not declare a stress output, or a system not periodic on all three
+    axes, logs ``nan``; asking for ``press`` in ``columns`` then is an error naming why.
 
     Under domain decomposition every rank computes the (reduced) numbers, because the
     reductions are collective; only the root rank writes. When the model reports a
@@ -120,8 +120,9 @@ class ThermoLogger:
     # ---- columns --------------------------------------------------------------------------
     def _choose_columns(self, ctx) -> tuple[str, ...]:
         dyn = ctx.dynamics
-        pressure_possible = _declares_stress(dyn.model) and bool(
-            (ctx.batch.cell.detach().det().abs() > 0).all())
+        # a pressure is a bulk quantity: a molecule, cluster or slab in a box of vacuum has none
+        # worth printing (LAMMPS would divide by the vacuum's volume); NPT needs the same
+        pressure_possible = _declares_stress(dyn.model) and bool(ctx.batch.pbc.all())
         wanted = self.columns or default_columns(
             optimiser=hasattr(dyn, "max_force"), barostat=bool(type(dyn).compute_stress))
         if "press" in wanted or "press_gpa" in wanted:
@@ -227,7 +228,7 @@ def _declares_stress(model) -> bool:
 def _no_pressure_reason(model, batch) -> str:
     if not _declares_stress(model):
         return f"{type(model).__name__} declares no stress output"
-    return "a system's cell has no volume (a molecule without a box)"
+    return "a system is not periodic on all three axes (a molecule, cluster or slab)"
 
 
 def _pressure_bar(dyn, ekin: torch.Tensor, batch) -> torch.Tensor:

@@ -158,7 +158,8 @@ class PMEWrapper(_Electrostatics):
     spreads and gathers with nvalchemiops' kernels, which skip stencil weights below 1e-8
     (a floor near 1e-7 eV/A RMS force); ``spline="torch"`` uses plain-torch ops without
     that threshold (NOTE [spline floor]). The default picks Warp for ``accuracy >= 1e-6``
-    and torch below.
+    in float64 and torch below, and torch in float32: nvalchemiops' float32 kernels miss by
+    5e-4..1e-3 eV/A RMS force at any accuracy (NaCl), the torch ops in float32 reach ~3e-6.
     """
 
     spec = SPEC_PME_HALO
@@ -172,6 +173,7 @@ class PMEWrapper(_Electrostatics):
 
         if spline_order not in range(3, 7):
             raise InputError(f"spline_order must be 3..6 (the Warp kernels' range), got {spline_order}")
+        self._spline_given = spline is not None
         if spline is None:  # the Warp kernels' floor (NOTE [spline floor]): ~1e-7 eV/A, more for large charges
             spline = "warp" if accuracy >= WARP_SPLINE_FLOOR else "torch"
         if spline not in ("warp", "torch"):
@@ -190,8 +192,10 @@ class PMEWrapper(_Electrostatics):
         from mlipdd_ewald_pme import pme  # Warp, through nvalchemiops: only where PME is used
 
         dims = self.mesh_dimensions(batch.cell)
-        return pme.reciprocal_energies(batch, positions, cell, charges, self.alpha, self.spline_order, dims,
-                                       self.spline)
+        # NOTE [float32 splines]: nvalchemiops' float32 spread/gather are 5e-4..1e-3 eV/A off
+        # (NaCl, every accuracy); the torch ops in float32 ~3e-6 eV/A, at the same speed on CPU
+        spline = self.spline if self._spline_given or positions.dtype == torch.float64 else "torch"
+        return pme.reciprocal_energies(batch, positions, cell, charges, self.alpha, self.spline_order, dims, spline)
 
 
 class DSFWrapper(ModelWrapper):

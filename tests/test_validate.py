@@ -242,6 +242,15 @@ def test_cli_validate_lj_exits_zero_and_saves(capsys, tmp_path):
     assert MLIPSpec.load(path).policy == HaloStoragePolicy()
 
 
+def test_cli_validate_ends_with_the_save_flag_not_python(capsys):
+    """Issue 24 item 6: the last line was ``report.spec.save('model_spec.json')``."""
+    assert main(["validate", "lj", "--model-arg", "epsilon=0.0104", "--model-arg", "sigma=3.4"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1] == ("Next: save the spec: mlipdd validate lj --model-arg epsilon=0.0104 "
+                         "--model-arg sigma=3.4 --save model_spec.json")
+    assert not any("report.spec" in line for line in lines)
+
+
 def test_cli_unknown_model_is_one_line_of_bad_input(capsys):
     assert main(["validate", "no_such_model"]) == 2
     err = capsys.readouterr().err

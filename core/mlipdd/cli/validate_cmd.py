@@ -59,6 +59,32 @@ def _samples(args, model) -> list:
     return [AWKWARD_CELLS[args.system](species=tuple(args.species or (18,)))]
 
 
+def _split_next(summary: str, args: argparse.Namespace) -> tuple[str, str | None]:
+    """The summary without its ``Next:`` line, and that line in shell terms: the report
+    speaks Python (``report.spec.save(...)``), the user here is at a shell, and the advice
+    belongs at the end, after the rank checks."""
+    from mlipdd.validate.report import SAVE_HINT
+
+    lines = summary.splitlines()
+    nexts = [i for i, line in enumerate(lines) if line.startswith("Next: ")]
+    if not nexts:
+        return summary, None
+    advice = lines.pop(nexts[-1])
+    if SAVE_HINT in advice:
+        advice = None if args.save else f"Next: save the spec: {_command_with_save(args)}"
+    return "\n".join(lines), advice
+
+
+def _command_with_save(args: argparse.Namespace) -> str:
+    """This validation as a command line again, with ``--save``."""
+    words = ["mlipdd", "validate", args.model, *(f"--model-arg {a}" for a in args.model_arg)]
+    for flag, value, default in (("--world-size", args.world_size, 2), ("--strategy", args.strategy, "halo"),
+                                 ("--system", args.system, None), ("--spec", args.spec, None)):
+        if value != default:
+            words.append(f"{flag} {value}")
+    return " ".join([*words, "--save", "model_spec.json"])
+
+
 def run(args: argparse.Namespace) -> int:
     from mlipdd.plugins import create_model
     from mlipdd.spec import MLIPSpec
@@ -77,11 +103,14 @@ def run(args: argparse.Namespace) -> int:
     samples = _samples(args, model)
     report = trace_and_validate(factory, samples, world_size=args.world_size, spec=spec,
                                 max_attempts=args.max_attempts, device=args.device, strategy=args.strategy)
-    print(report.summary())
+    summary, advice = _split_next(report.summary(), args)
+    print(summary)
     checks = rank_checks.run_all(factory, samples[0], max(2, args.world_size))
     if report.ok and args.save:
         report.spec.save(args.save)
         print(f"spec written to {args.save}")
     elif args.save:
         print(f"no spec written to {args.save}: validation failed")
+    if advice:
+        print(advice)
     return 0 if report.ok and all(check.ok for check in checks) else 1

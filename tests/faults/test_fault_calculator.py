@@ -91,20 +91,28 @@ def test_bad_input_raises_in_the_caller_and_the_next_call_is_served(nproc, one, 
     assert calc.worker_pids == pids  # the same ranks
 
 
-def test_a_molecule_without_a_cell_answers_or_raises_and_the_ranks_serve_on(one, two):
-    """Either it runs (a box given automatically) and equals one process, or it is refused
-    as bad input; either way the next call is served by the same ranks (was broken: a
-    refusal on rank 0 killed the ranks for every later call)."""
+def test_a_molecule_without_a_cell_runs_at_two_ranks_in_a_box_of_vacuum(one, two):
+    """Issue 24 item 4: a box with vacuum is given (and said, once); energy and forces equal
+    one process and ASE's atoms are untouched. Was broken: refused, and the refusal on rank 0
+    killed the ranks for every later call."""
+    import warnings
+
     pids = two.worker_pids
     molecule = Atoms("Ar3", positions=[[0, 0, 0], [3.7, 0, 0], [0, 3.8, 0.2]])
-    try:
-        energy, forces = _props(molecule, two)
-    except InputError:
-        pass
-    else:
-        ref = _props(molecule, one)
-        assert energy == pytest.approx(ref[0], abs=1e-14)
-        np.testing.assert_allclose(forces, ref[1], atol=1e-14)
+    before = molecule.positions.copy()
+    molecule.calc = two
+    with pytest.warns(UserWarning, match="no periodic box given"):
+        energy, forces = molecule.get_potential_energy(), molecule.get_forces()
+    np.testing.assert_array_equal(molecule.positions, before)  # the box is the ranks' business
+    assert not molecule.cell.any()
+    ref = _props(molecule, one)
+    assert energy == pytest.approx(ref[0], abs=1e-14) and abs(energy) > 1e-4
+    np.testing.assert_allclose(forces, ref[1], atol=1e-14)
+    moved = molecule.copy()
+    moved.positions[1, 0] += 0.1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once, not at every call
+        assert _props(moved, two)[0] == pytest.approx(_props(moved, one)[0], abs=1e-14)
     good = argon(seed=5)
     assert _props(good, two)[0] == pytest.approx(_props(good, one)[0], rel=1e-12)
     assert two.worker_pids == pids

@@ -10,6 +10,7 @@ from mlipdd.data import AtomicData
 from mlipdd.distributed.rank_pool import ModelEvaluator
 
 _DEFAULT_TIMEOUT_S = 300.0
+OPEN_SYSTEM_VACUUM = 10.0  # Angstrom on every side, as `mlipdd run` gives a molecule
 
 
 class MLIPDDCalculator(Calculator):
@@ -28,6 +29,10 @@ class MLIPDDCalculator(Calculator):
 
     ``pool=RankPool(model, nproc)`` instead of a model: several calculators (the images of
     an NEB) share one set of ranks; the pool's owner closes it.
+
+    A molecule or cluster without a box runs at ``nproc > 1`` in a non-periodic box with
+    10 A of vacuum around it (the ranks split a box; said once in a warning; ASE's atoms are
+    left as they are).
 
     ``dtype`` converts the model (as MACECalculator's ``default_dtype``): results are
     computed in that precision. ``timeout``: seconds a call may take on the ranks before
@@ -53,6 +58,7 @@ class MLIPDDCalculator(Calculator):
                  **kwargs):
         super().__init__(**kwargs)
         self.evaluator = ModelEvaluator(model, nproc, config, device, dtype, pool=pool, timeout=timeout)
+        self._said_boxed = False
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
         super().calculate(atoms, properties, system_changes)
@@ -64,6 +70,8 @@ class MLIPDDCalculator(Calculator):
             )
         # checked here, in the parent: bad input then never reaches (and never stops) the ranks
         batch = AtomicData.from_ase(self.atoms, dtype=self.evaluator.dtype).validate()
+        if self.evaluator.nproc > 1:
+            self._box_if_open(batch)
         out = self.evaluator.evaluate(batch, compute_stress=with_stress)
         energy = float(out["energy"].reshape(-1)[0])
         self.results = {"energy": energy, "free_energy": energy}
@@ -74,6 +82,19 @@ class MLIPDDCalculator(Calculator):
             if name not in ("energy", "stress") and value.shape[:1] == (len(self.atoms),):
                 rows = _numpy(value)
                 self.results[name] = rows.reshape(-1) if rows.ndim == 2 and rows.shape[1] == 1 else rows
+
+    def _box_if_open(self, batch) -> None:
+        """A molecule or cluster without a usable box gets one with vacuum (the ranks split a
+        box; a translation changes no energy or force, and ASE's atoms stay as they are);
+        said once per calculator."""
+        from mlipdd.vacuum_box import box_open_systems, boxed_message
+
+        boxed = box_open_systems(batch, OPEN_SYSTEM_VACUUM)
+        if boxed and not self._said_boxed:
+            import warnings
+
+            warnings.warn(boxed_message(boxed, OPEN_SYSTEM_VACUUM), UserWarning, stacklevel=4)
+            self._said_boxed = True
 
     @property
     def worker_pids(self) -> list[int]:

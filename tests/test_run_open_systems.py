@@ -1,0 +1,83 @@
+"""Molecules and clusters without a cell (issue 24 item 4): a non-periodic box with vacuum
+is given to them (`mlipdd.vacuum_box`, said in one line) so that `mlipdd run --nproc N`
+runs them, equal to one process; the same box at every rank count."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import ase
+import ase.io
+import pytest
+import torch
+from ase.build import molecule
+from ase.cluster import Icosahedron
+from mlipdd.data import Batch
+from mlipdd.testing.pytest_plugin import parse_world_sizes
+from mlipdd.vacuum_box import box_open_systems, needs_box
+
+
+def pytest_generate_tests(metafunc):
+    if "nproc" in metafunc.fixturenames:
+        given = metafunc.config.getoption("mlipdd_world_sizes", None)
+        metafunc.parametrize("nproc", parse_world_sizes(given) if given else (2, 3, 4))
+
+
+def test_the_box_holds_the_atoms_with_the_vacuum_and_shifts_them_only():
+    atoms = molecule("CH3CH2OH")
+    batch = Batch.from_ase(atoms)
+    before = batch.positions.clone()
+    (boxed,) = box_open_systems(batch, vacuum=7.0)
+    extent = before.max(0).values - before.min(0).values
+    torch.testing.assert_close(batch.cell[0], torch.diag(extent + 14.0))
+    torch.testing.assert_close(batch.positions - before, boxed.shift.expand_as(before))
+    assert float(batch.positions.min()) == pytest.approx(7.0)
+    assert not bool(batch.pbc.any()) and not needs_box(batch, 0)
+
+
+def test_periodic_and_already_boxed_systems_are_left_alone():
+    bulk = Batch.from_ase(ase.Atoms("Ar2", positions=[[0, 0, 0], [2, 2, 2]], cell=[5, 5, 5], pbc=True))
+    boxed = Batch.from_ase(ase.Atoms("Ar2", positions=[[4, 4, 4], [6, 6, 6]], cell=[10, 10, 10]))
+    outside = Batch.from_ase(ase.Atoms("Ar2", positions=[[-1, 4, 4], [6, 6, 6]], cell=[10, 10, 10]))
+    both = Batch.from_data_list([bulk, boxed, outside])
+    cell = both.cell.clone()
+    done = box_open_systems(both, vacuum=5.0)
+    assert [b.system for b in done] == [2]  # an atom outside its non-periodic box: boxed
+    torch.testing.assert_close(both.cell[:2], cell[:2])
+
+
+def _run(tmp_path, name, *flags) -> tuple[dict, list[dict], str]:
+    table = tmp_path / f"{name}.csv"
+    result = subprocess.run(
+        [sys.executable, "-m", "mlipdd", "run", "--ensemble", "nve", "--steps", "10", "--log-every", "5",
+         "--thermo-csv", str(table), "--log-file", str(tmp_path / f"{name}.log"), "--progress", "off",
+         "--device", "cpu", "--json", *flags],
+        cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+        timeout=300)
+    assert result.returncode == 0, result.stderr
+    with open(table, newline="") as handle:
+        rows = [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(handle)]
+    return json.loads(result.stdout), rows, result.stderr
+
+
+@pytest.mark.parametrize("system", ["cluster", "molecule"])
+def test_a_cluster_and_a_molecule_without_a_cell_run_on_ranks_like_one_process(tmp_path, nproc, system):
+    if system == "cluster":
+        atoms, flags = Icosahedron("Ar", 3), []  # 55 atoms
+    else:  # ethanol with a soft LJ that keeps its atoms apart
+        atoms, flags = molecule("CH3CH2OH"), ["--model-arg", "sigma=1.2", "--model-arg", "cutoff=4.0"]
+    ase.io.write(tmp_path / "open.xyz", atoms)
+    one, one_rows, one_err = _run(tmp_path, "one", "--system", "open.xyz", *flags)
+    many, many_rows, many_err = _run(tmp_path, f"n{nproc}", "--system", "open.xyz", "--nproc", str(nproc), *flags)
+    for err in (one_err, many_err):
+        assert err.count("no periodic box given: put in a non-periodic box with 10 A of vacuum") == 1
+    assert many["ranks"] == nproc and many["atoms_conserved"]
+    assert many["max_force_diff_eV_per_A"] < 1e-12
+    assert len(one_rows) == len(many_rows) == 3
+    for a, b in zip(one_rows, many_rows):
+        for key in ("pe", "ke", "etotal", "temp", "fmax", "vol"):
+            assert b[key] == pytest.approx(a[key], rel=1e-9, abs=1e-12), key

@@ -13,9 +13,10 @@ triclinic crystal of methanol-like molecules. Three timings per size:
 * ``mlipdd_step_s``: ``model(batch)`` with the list attached, as in dynamics, where a
   list built with a skin serves several steps.
 
-The calls alternate (aimnet, mlipdd, aimnet, ...) and each timing is the best of
-``--repeats``: on a shared machine the best is the run that other jobs slowed least.
-``--profile`` times the stages of one call of each (best of the repeats per stage).
+Times are the process's CPU seconds (``time.process_time``, one intra-op thread): on a
+machine shared with other jobs wall time swings 2x with their load, CPU time does not
+(much). The calls alternate (aimnet, mlipdd, aimnet, ...) and each timing is the best of
+``--repeats``. ``--profile`` times the stages of one call of each (best per stage).
 """
 
 from __future__ import annotations
@@ -50,9 +51,9 @@ def _best(calls: dict, repeats: int) -> dict:
     best = dict.fromkeys(calls, float("inf"))
     for _ in range(repeats):
         for name, call in calls.items():
-            start = time.perf_counter()
+            start = time.process_time()
             call()
-            best[name] = min(best[name], time.perf_counter() - start)
+            best[name] = min(best[name], time.process_time() - start)
     return best
 
 
@@ -86,11 +87,11 @@ class _Stages:
             return
 
         def timed(*args, **kwargs):
-            start = time.perf_counter()
+            start = time.process_time()
             try:
                 return original(*args, **kwargs)
             finally:
-                self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - start
+                self.times[name] = self.times.get(name, 0.0) + time.process_time() - start
 
         setattr(owner, attribute, timed)
         self._undo.append((owner, attribute, original))
@@ -114,20 +115,22 @@ def profile(reps, dsf_cutoff, repeats) -> list[dict]:
         for _ in range(repeats):
             stages = _Stages()
             if who == "mlipdd":
+                stages.wrap(wrapper_module, "aimnet_kernel_matrices", "neighbour matrices (nvalchemiops, both lists)")
                 stages.wrap(wrapper_module, "aimnet_kernel_neighbors", "neighbour list (nvalchemiops)")
                 stages.wrap(mlipdd.neighbors, "attach_neighbors", "neighbour list (vesin + sort)")
                 stages.wrap(inputs, "edge_lengths", "input matrices: edge lengths")
                 stages.wrap(inputs, "neighbor_matrix", "input matrices: COO -> matrices")
                 stages.wrap(wrapper_module, "aimnet_inputs", "input matrices (all)")
                 stages.wrap(wrapper_module, "dsf_energy", "DSF Coulomb (torch, autograd)")
+                stages.wrap(wrapper_module, "dsf_energy_and_forces", "DSF Coulomb (nvalchemiops kernel + forces)")
             else:
                 stages.wrap(calc, "prepare_input", "neighbour matrices (nvalchemiops, both lists)")
                 stages.wrap(calc, "_run_external_modules", "DSF Coulomb (nvalchemiops kernel + forces)")
             stages.wrap(wrapper.model, "forward_prepared", "network forward")
             stages.wrap(torch.autograd, "grad", "backward (forces)")
-            start = time.perf_counter()
+            start = time.process_time()
             call()
-            stages.times["whole call"] = time.perf_counter() - start
+            stages.times["whole call"] = time.process_time() - start
             stages.undo()
             for name, seconds in stages.times.items():
                 best[name] = min(best.get(name, float("inf")), seconds)
@@ -149,9 +152,9 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
     common = (f"Random-weight AIMNet2 (released architecture), float32, DSF alpha 0.2 / {args.dsf_cutoff} A, "
-              f"energy + forces, {args.threads} intra-op thread(s), one process. Best of {args.repeats} "
-              f"alternating calls. Load average at start {load:.1f} on {os.cpu_count()} cores (a machine "
-              "shared with other jobs: absolute times are noisy, the best-of ratios less so).")
+              f"energy + forces, {args.threads} intra-op thread(s), one process. Seconds are CPU time of the "
+              f"process, best of {args.repeats} alternating calls. Load average at start {load:.1f} on "
+              f"{os.cpu_count()} cores (a machine shared with other jobs).")
     if args.profile:
         reps = tuple(int(r) for r in args.profile.split(","))
         rows = profile(reps, args.dsf_cutoff, args.repeats)

@@ -102,21 +102,20 @@ def _shifts_for_aimnet(unit_shifts: torch.Tensor, cell: torch.Tensor, system: to
 
 
 def aimnet_inputs(batch: Batch, positions: torch.Tensor, cell: torch.Tensor, charge: torch.Tensor,
-                  short_cutoff: float, long_cutoff: float | torch.Tensor | None) -> dict:
+                  short_cutoff: float, long_cutoff: float | torch.Tensor | None,
+                  matrices: dict[str, NeighborMatrix] | None = None, images: torch.Tensor | None = None) -> dict:
     """aimnet's input dict (flat layout, already "prepared") for ``positions`` / ``cell``.
 
     ``positions`` and ``cell`` may be the strained copies of the batch's (stress). Edges
     longer than ``short_cutoff`` are left out of ``nbmat`` (the network's matrix); with a
     ``long_cutoff`` (one for all, or one per system) the Coulomb matrix ``nbmat_lr`` keeps
-    the edges within it.
+    the edges within it. ``matrices`` (``{suffix: NeighborMatrix}``, from
+    `own_neighbors.aimnet_kernel_matrices`) replace the ones cut from ``batch.neighbors``;
+    their shifts hold for ``positions - images @ cell`` (a translation by whole cell
+    vectors: the same energy, and the same gradient with respect to ``positions``).
     """
-    neighbors = batch.neighbors
-    edge_index = neighbors.edge_index.to(positions.device)
-    unit_shifts = neighbors.unit_shifts.to(device=positions.device, dtype=positions.dtype)
-    n_rows = positions.shape[0]
-    lengths = edge_lengths(batch.positions, batch.cell, batch.batch, edge_index, unit_shifts)
-    # a zero-length self edge (i, i, no shift) is not a neighbour
-    self_edge = (edge_index[0] == edge_index[1]) & (unit_shifts == 0).all(dim=1)
+    if images is not None:
+        positions = positions - torch.einsum("ni,nij->nj", images.to(positions.dtype), cell[batch.batch])
     data = {
         "coord": positions,
         "numbers": batch.atomic_numbers,
@@ -127,16 +126,37 @@ def aimnet_inputs(batch: Batch, positions: torch.Tensor, cell: torch.Tensor, cha
         "_input_padded": torch.tensor(False),
         "_num_mol": torch.tensor(batch.num_systems),
     }
-    for suffix, cutoff in (("", short_cutoff), ("_lr", long_cutoff)):
-        if cutoff is None:
-            continue
-        if isinstance(cutoff, torch.Tensor):
-            cutoff = cutoff[batch.batch[edge_index[1]]]
-        keep = (lengths < cutoff) & ~self_edge
-        matrix = neighbor_matrix(edge_index[0][keep], edge_index[1][keep], unit_shifts[keep], n_rows)
+    if matrices is None:
+        matrices = _matrices_from_list(batch, positions, short_cutoff, long_cutoff)
+    for suffix, matrix in matrices.items():
         # a ghost atom has no edges here: its row of the table is padding (refreshed after
         # each convolution, `mlipdd_aimnet2.adapters`)
         data[f"nbmat{suffix}"] = as_atom_rows(matrix.index, positions, ghosts_current=False)
         data[f"shifts{suffix}"] = _shifts_for_aimnet(matrix.unit_shifts, cell, batch.batch)
         data[f"mask_ij{suffix}"] = matrix.pad
     return data
+
+
+def _matrices_from_list(batch: Batch, positions: torch.Tensor, short_cutoff: float,
+                        long_cutoff: float | torch.Tensor | None) -> dict[str, NeighborMatrix]:
+    """The network's matrix and the Coulomb one, cut from the batch's COO list by length."""
+    neighbors = batch.neighbors
+    edge_index = neighbors.edge_index.to(positions.device)
+    unit_shifts = neighbors.unit_shifts.to(device=positions.device, dtype=positions.dtype)
+    n_rows = positions.shape[0]
+    lengths = edge_lengths(batch.positions, batch.cell, batch.batch, edge_index, unit_shifts)
+    # a zero-length self edge (i, i, no shift) is not a neighbour
+    self_edge = (edge_index[0] == edge_index[1]) & (unit_shifts == 0).all(dim=1)
+    matrices = {}
+    for suffix, cutoff in (("", short_cutoff), ("_lr", long_cutoff)):
+        if cutoff is None:
+            continue
+        if isinstance(cutoff, torch.Tensor):
+            cutoff = cutoff[batch.batch[edge_index[1]]]
+        keep = (lengths < cutoff) & ~self_edge
+        if bool(keep.all()):  # the Coulomb matrix often keeps every edge: no copy of them
+            matrix = neighbor_matrix(edge_index[0], edge_index[1], unit_shifts, n_rows)
+        else:
+            matrix = neighbor_matrix(edge_index[0][keep], edge_index[1][keep], unit_shifts[keep], n_rows)
+        matrices[suffix] = matrix
+    return matrices

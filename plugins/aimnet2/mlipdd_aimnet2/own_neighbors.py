@@ -17,34 +17,66 @@ from mlipdd.data import Batch
 from mlipdd.neighbors import NeighborList
 
 
-def aimnet_kernel_neighbors(batch: Batch, cutoff: float, lists: dict) -> NeighborList | None:
-    """All pairs within ``cutoff`` through nvalchemiops, or None where it does not apply.
-
-    ``lists`` keeps aimnet's `AdaptiveNeighborList` per cutoff (it remembers the matrix
-    width between calls). None (fall back to mlipdd's builder) for a cell that cannot be
-    inverted: the wrap into the cell needs fractional coordinates.
-    """
-    from aimnet.calculators.neighbors import AdaptiveNeighborList
-
+def _wrapped(batch: Batch):
+    """(positions inside their cell, integer images) with positions = wrapped + image @ cell,
+    or None for a cell that cannot be inverted (the wrap needs fractional coordinates)."""
     positions, cell = batch.positions.detach(), batch.cell.detach().to(batch.positions.dtype)
     if type(positions) is not torch.Tensor or bool((torch.linalg.det(cell).abs() < 1e-9).any()):
         return None
-    pbc = batch.pbc.to(torch.bool)
     system = batch.batch
-    # the kernel expects atoms inside their cell (aimnet's calculator wraps them first);
-    # positions = wrapped + image @ cell, so a pair's shift changes by the two images
     image = torch.floor(torch.einsum("ni,nij->nj", positions, torch.linalg.inv(cell)[system]))
-    image = image * pbc[system].to(image.dtype)
-    wrapped = positions - torch.einsum("ni,nij->nj", image, cell[system])
+    image = image * batch.pbc.to(torch.bool)[system].to(image.dtype)
+    return positions - torch.einsum("ni,nij->nj", image, cell[system]), image
+
+
+def _kernel_matrix(batch: Batch, wrapped, cutoff: float, lists: dict):
+    """(matrix, counts, shifts) of aimnet's `AdaptiveNeighborList` (one per cutoff: it
+    remembers its width between calls), on positions inside the cell."""
+    from aimnet.calculators.neighbors import AdaptiveNeighborList
+
     if cutoff not in lists:
         lists[cutoff] = AdaptiveNeighborList(cutoff=cutoff)
-    n = positions.shape[0]
-    matrix, counts, shifts = lists[cutoff](wrapped, cell, pbc, system.to(torch.int32), fill_value=n)
+    cell = batch.cell.detach().to(wrapped.dtype)
+    return lists[cutoff](wrapped, cell, batch.pbc.to(torch.bool), batch.batch.to(torch.int32),
+                         fill_value=wrapped.shape[0])
+
+
+def aimnet_kernel_matrices(batch: Batch, cutoffs: dict[str, float], lists: dict):
+    """(matrices, images): aimnet's matrices straight from the kernel, one per ``{suffix:
+    cutoff}`` (index, unit shifts, pad; padded slots point at the row itself), with no COO
+    list in between, and each atom's image: the shifts hold for the positions moved into
+    their cell, ``positions - images @ cell`` (as aimnet's calculator moves them). None
+    where the kernel does not apply (see `_wrapped`)."""
+    from mlipdd_aimnet2.inputs import NeighborMatrix
+
+    found = _wrapped(batch)
+    if found is None:
+        return None
+    wrapped, image = found
+    rows = torch.arange(wrapped.shape[0], device=wrapped.device).unsqueeze(1)
+    matrices = {}
+    for suffix, cutoff in cutoffs.items():
+        matrix, counts, shifts = _kernel_matrix(batch, wrapped, cutoff, lists)
+        pad = torch.arange(matrix.shape[1], device=matrix.device).unsqueeze(0) >= counts.unsqueeze(1)
+        index = torch.where(pad, rows, matrix.to(torch.long))
+        matrices[suffix] = NeighborMatrix(index, shifts.to(wrapped.dtype), pad)
+    return matrices, image
+
+
+def aimnet_kernel_neighbors(batch: Batch, cutoff: float, lists: dict) -> NeighborList | None:
+    """All pairs within ``cutoff`` through nvalchemiops as mlipdd's COO list (sorted by
+    receiver, mlipdd's shift sign), or None where the kernel does not apply."""
+    found = _wrapped(batch)
+    if found is None:
+        return None
+    wrapped, image = found
+    n = wrapped.shape[0]
+    matrix, counts, shifts = _kernel_matrix(batch, wrapped, cutoff, lists)
     slots = torch.arange(matrix.shape[1], device=matrix.device).unsqueeze(0) < counts.unsqueeze(1)
     receiver = torch.arange(n, device=matrix.device).unsqueeze(1).expand_as(matrix)[slots]
     sender = matrix[slots].to(torch.long)
     # kernel: x_j + s @ cell - x_i on wrapped positions; mlipdd's edge vector is
     # x[receiver] + u @ cell - x[sender] on the batch's positions, so u = -(s - image_j + image_i)
-    unit = -(shifts[slots].to(positions.dtype) - image[sender] + image[receiver])
+    unit = -(shifts[slots].to(wrapped.dtype) - image[sender] + image[receiver])
     edge_index = torch.stack([sender, receiver.to(torch.long)])
     return NeighborList(edge_index, unit, float(cutoff), True)

@@ -23,10 +23,11 @@ from mlipdd_aimnet2.coulomb import (
     check_all_pairs,
     coulomb_per_kind,
     dsf_energy,
+    dsf_energy_and_forces,
     simple_energy,
 )
 from mlipdd_aimnet2.inputs import aimnet_inputs
-from mlipdd_aimnet2.own_neighbors import aimnet_kernel_neighbors
+from mlipdd_aimnet2.own_neighbors import aimnet_kernel_matrices, aimnet_kernel_neighbors
 from mlipdd_aimnet2.versions import require_aimnet
 
 # Output modules whose work is per atom, per neighbour-matrix row or a per-system sum.
@@ -208,10 +209,13 @@ class AIMNet2Wrapper(ModelWrapper):
     def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
         self.check_input(batch)
         charge = self.total_charge(batch)
+        matrices = None
         if batch.neighbors is None:  # on a view: the caller's batch is left alone
             batch = Batch._from_dicts(dict(batch.node), dict(batch.system))
-            batch.neighbors = aimnet_kernel_neighbors(batch, self.cutoff, self._kernel_lists)
-            if batch.neighbors is None:
+            matrices = self._kernel_matrices(batch)  # (matrices, images) or None
+            if matrices is None:
+                batch.neighbors = aimnet_kernel_neighbors(batch, self.cutoff, self._kernel_lists)
+            if matrices is None and batch.neighbors is None:
                 from mlipdd.neighbors import attach_neighbors
 
                 attach_neighbors(batch, self.cutoff)
@@ -225,13 +229,18 @@ class AIMNet2Wrapper(ModelWrapper):
                 inputs.append(strain)
                 view = Batch._from_dicts({**batch.node, "positions": positions}, dict(batch.system))
                 pos_used, cell = strained(view, strain)
-            energy, data = self._energy(batch, pos_used, cell, charge)
+            # float32, one process, one system, no strain: DSF through aimnet's kernel, whose
+            # forces are explicit (`coulomb.dsf_energy_and_forces`). Not in float64: the kernel
+            # is 1e-9 (energy) and 5e-7 (forces) off the closed form there (measured)
+            kernel = (not compute_stress and batch.num_systems == 1 and positions.dtype == torch.float32
+                      and type(positions) is torch.Tensor)
+            energy, data = self._energy(batch, pos_used, cell, charge, matrices, dsf_kernel=kernel)
             grads = torch.autograd.grad(energy.sum(), inputs)
         # the energy stays float64 (a float32 total of ~1e5 eV rounds by ~1e-2 eV); forces,
         # stress and charges are in the batch's dtype
         out = {
             "energy": energy.detach(),
-            "forces": -grads[0],
+            "forces": -grads[0] + data["_dsf_forces"] if "_dsf_forces" in data else -grads[0],
             "charges": data["charges"].detach(),
         }
         if compute_stress:
@@ -239,23 +248,46 @@ class AIMNet2Wrapper(ModelWrapper):
             out["stress"] = grads[1] / volume
         return out
 
-    def _energy(self, batch: Batch, positions, cell, charge) -> tuple[torch.Tensor, dict]:
-        """Energy per system (network + the wrapper's Coulomb term) and aimnet's output dict."""
+    def _long_cutoff(self, batch: Batch):
+        """The Coulomb matrix's cutoff: one for all systems, one per system, or None."""
+        if self.coulomb_cutoff is None:
+            return None
+        # each system's Coulomb matrix keeps the pairs its own method reads (a crystal next
+        # to all-pairs molecules keeps its DSF-deep rows narrow)
+        cutoffs = [self.method_cutoffs[m] for m in self.system_methods(batch)]
+        if len(set(cutoffs)) == 1:
+            return cutoffs[0]
+        return torch.tensor(cutoffs, dtype=batch.positions.dtype, device=batch.positions.device)
+
+    def _kernel_matrices(self, batch: Batch) -> tuple | None:
+        """aimnet's matrices from nvalchemiops for a batch without a list (`own_neighbors`);
+        None for per-system Coulomb cutoffs or where the kernel does not apply."""
+        long_cutoff = self._long_cutoff(batch)
+        if isinstance(long_cutoff, torch.Tensor):
+            return None
+        cutoffs = {"": self.short_cutoff, **({"_lr": long_cutoff} if long_cutoff is not None else {})}
+        return aimnet_kernel_matrices(batch, cutoffs, self._kernel_lists)
+
+    def _energy(self, batch: Batch, positions, cell, charge, matrices=None,
+                dsf_kernel: bool = False) -> tuple[torch.Tensor, dict]:
+        # ``matrices``: (matrices, images) from `_kernel_matrices`, or None (cut from the list)
+        """Energy per system (network + the wrapper's Coulomb term) and aimnet's output dict
+        (with ``_dsf_forces``, the forces autograd does not give, when ``dsf_kernel``)."""
         methods = self.system_methods(batch)
-        long_cutoff = None
-        if self.coulomb_cutoff is not None:
-            # each system's Coulomb matrix keeps the pairs its own method reads (a crystal next
-            # to all-pairs molecules keeps its DSF-deep rows narrow)
-            long_cutoff = torch.tensor([self.method_cutoffs[m] for m in methods], dtype=positions.dtype,
-                                       device=positions.device)
-        data = aimnet_inputs(batch, positions, cell, charge, self.short_cutoff, long_cutoff)
+        data = aimnet_inputs(batch, positions, cell, charge, self.short_cutoff, self._long_cutoff(batch),
+                             *(matrices or (None, None)))
         data = self.model.forward_prepared(data)
         energy = data["energy"].to(torch.float64)
         for method, term in (("dsf", self._dsf_energy), ("simple", simple_energy)):
             chosen = torch.tensor([m == method for m in methods], dtype=torch.float64, device=positions.device)
-            if bool(chosen.any()):
-                if method == "simple":
-                    check_all_pairs(data, chosen, self.method_cutoffs["simple"])
+            if not bool(chosen.any()):
+                continue
+            if method == "simple":
+                check_all_pairs(data, chosen, self.method_cutoffs["simple"])
+            if method == "dsf" and dsf_kernel:  # one system, so chosen is [1.0]
+                dsf, data["_dsf_forces"] = dsf_energy_and_forces(data, self.dsf_alpha, self.method_cutoffs["dsf"])
+                energy = energy + dsf
+            else:
                 energy = energy + term(data) * chosen
         return energy, data
 

@@ -40,10 +40,11 @@ def test_pipeline_keeps_aimnets_charges_and_sums_the_rest():
     out = pipeline(batch, compute_stress=True)
     alone, dispersion = aimnet(batch, compute_stress=True), d3(batch, compute_stress=True)
     assert "charges" not in dispersion
-    assert torch.equal(out["charges"], alone["charges"])
+    # alone, the wrapper builds its own list (nvalchemiops): the same pairs in another order
+    assert torch.allclose(out["charges"], alone["charges"], rtol=1e-12, atol=1e-14)
     assert abs(float(out["charges"].sum()) + 1.0) < 1e-3  # the slab's total charge is -1
     for key in ("energy", "forces", "stress"):
-        assert torch.allclose(out[key], alone[key] + dispersion[key], rtol=1e-13, atol=0), key
+        assert torch.allclose(out[key], alone[key] + dispersion[key], rtol=1e-11, atol=1e-12), key
     # given by two members, which one's is meant is not known: left out, not picked
     twice = PipelineModelWrapper([random_aimnet2_wrapper(seed=0, dsf_cutoff=DSF_CUTOFF),
                                   random_aimnet2_wrapper(seed=1, dsf_cutoff=DSF_CUTOFF)])

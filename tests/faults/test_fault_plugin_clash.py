@@ -92,10 +92,14 @@ def test_the_installed_command_still_runs_lj(rivals_installed):
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(rivals_installed), os.environ.get("PYTHONPATH", "")]))
     env.pop(plugins.AUTOLOAD_ENV_VAR, None)
-    result = subprocess.run(mlipdd_command("run", "--model", "lj", *QUICK), env=env,
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert "NVT lj" in result.stdout and CLASH in result.stderr  # warned, not fatal
+    for nproc in ("1", "2"):
+        result = subprocess.run(mlipdd_command("run", "--model", "lj", *QUICK, "--nproc", nproc), env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert "NVT lj" in result.stdout  # warned, not fatal: one line per rival, once, not per rank
+        warned = [line for line in result.stderr.splitlines() if CLASH in line]
+        assert len(warned) == 2 and all(line.startswith("mlipdd: warning: ") for line in warned), result.stderr
+        assert "RuntimeWarning" not in result.stderr
     strict = subprocess.run(mlipdd_command("plugins", "--strict"), env=env, capture_output=True,
                             text=True, timeout=120)
     assert strict.returncode == 1 and CLASH in strict.stdout

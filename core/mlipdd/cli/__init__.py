@@ -8,9 +8,12 @@ A new subcommand is one module plus its name in `SUBCOMMAND_MODULES`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import re
 import sys
+import warnings
 from collections.abc import Sequence
 
 SUBCOMMAND_MODULES = ("run_cmd", "validate_cmd", "plugins_cmd", "plot_cmd")
@@ -46,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit codes: 0 done, 1 a check failed or a rank failed, 2 bad input (one line on
     stderr, the same on one rank as on many)."""
+    with one_line_warnings():  # the parser lists strategies: plugins load (and warn) here
+        return _run_command(argv)
+
+
+def _run_command(argv: Sequence[str] | None) -> int:
     from mlipdd.data import InputError
     from mlipdd.plugins import UnknownNameError
 
@@ -60,3 +68,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = args.func.__module__.rsplit(".", 1)[-1].removesuffix("_cmd")
         print(f"mlipdd {command}: error: {exc}", file=sys.stderr, flush=True)
         return 2
+
+
+@contextlib.contextmanager
+def one_line_warnings():
+    """mlipdd's own warnings as one line, ``mlipdd: warning: ...``; the plugin loader's
+    (a plugin skipped, a clash) said once: every rank discovers the same plugins, so a
+    rank that ``mlipdd run --nproc`` started leaves them to its launcher, and under
+    torchrun rank 0 says them. Warnings of other packages keep Python's format."""
+    from mlipdd.distributed.supervise import LAUNCHER_PID_ENV
+
+    plain = warnings.showwarning
+    own = f"{os.sep}mlipdd{os.sep}"
+    quiet = os.environ.get("RANK", "0") not in ("", "0") or bool(os.environ.get(LAUNCHER_PID_ENV))
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if own not in str(filename):
+            return plain(message, category, filename, lineno, file, line)
+        if quiet and str(filename).endswith(f"{own}plugins.py"):
+            return None
+        print(f"mlipdd: warning: {message}", file=file or sys.stderr, flush=True)
+        return None
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = plain

@@ -36,8 +36,14 @@ With --nproc N the run is split over N local ranks (domain decomposition); under
 or srun each launched process joins as one rank. --restart continues a checkpoint written
 by --checkpoint on any number of ranks.
 
+The thermo log uses LAMMPS' thermo_style custom names in metal units (press in bar);
+--thermo picks its columns, --thermo-csv writes them all. A molecule or cluster without
+a cell gets a non-periodic box with 10 A of vacuum (said in one line); a --system file
+with several frames runs its first (--frame N another).
+
 examples:
   mlipdd run --model lj --system fcc_argon --size 6 --ensemble nve --steps 500
+  mlipdd run --ensemble npt --thermo "step temp pe press vol" --nproc 2
   mlipdd run --model mace --model-arg path=my.model --system water.xyz --ensemble npt
   mlipdd run --nproc 4 --thermo-csv thermo.csv && mlipdd plot thermo.csv
 """

@@ -1,5 +1,5 @@
-"""Molecules and clusters without a cell (issue 24 item 4): a non-periodic box with vacuum
-is given to them (`mlipdd.vacuum_box`, said in one line) so that `mlipdd run --nproc N`
+"""Molecules, clusters and slabs without a cell (issue 24 item 4): a non-periodic box with
+vacuum is given to them (`mlipdd.vacuum_box`, said in one line) so that `mlipdd run --nproc N`
 runs them, equal to one process; the same box at every rank count."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import ase
 import ase.io
 import pytest
 import torch
-from ase.build import molecule
+from ase.build import fcc111, molecule
 from ase.cluster import Icosahedron
 from mlipdd.data import Batch
 from mlipdd.testing.pytest_plugin import parse_world_sizes
@@ -50,6 +50,27 @@ def test_periodic_and_already_boxed_systems_are_left_alone():
     torch.testing.assert_close(both.cell[:2], cell[:2])
 
 
+def test_a_slab_and_a_wire_keep_their_periodic_vectors_and_gain_perpendicular_ones():
+    slab = fcc111("Ar", size=(3, 3, 2), a=5.26)  # cell z = 0, pbc (T, T, F)
+    wire = ase.Atoms("Ar3", positions=[[0, 0, 0], [1.2, 3.0, 0.5], [2.4, -1.0, 1.0]],
+                     cell=[[3.6, 0, 0], [0, 0, 0], [0, 0, 0]], pbc=[True, False, False])
+    for atoms in (slab, wire):
+        batch = Batch.from_ase(atoms)
+        periodic = batch.pbc[0].clone()
+        kept = batch.cell[0][periodic].clone()
+        (boxed,) = box_open_systems(batch, vacuum=6.0)
+        cell = batch.cell[0]
+        torch.testing.assert_close(cell[periodic], kept)
+        assert float(torch.linalg.det(cell)) > 0
+        for axis in torch.nonzero(~periodic).flatten().tolist():
+            for other in range(3):
+                if other != axis:
+                    assert abs(float(cell[axis] @ cell[other])) < 1e-9  # perpendicular
+            along = batch.positions @ (cell[axis] / cell[axis].norm())
+            assert float(along.min()) == pytest.approx(6.0) and float(cell[axis].norm() - along.max()) == pytest.approx(6.0)
+        batch.validate()  # a periodic system with a full cell now, at one process too
+
+
 def _run(tmp_path, name, *flags) -> tuple[dict, list[dict], str]:
     table = tmp_path / f"{name}.csv"
     result = subprocess.run(
@@ -64,15 +85,20 @@ def _run(tmp_path, name, *flags) -> tuple[dict, list[dict], str]:
     return json.loads(result.stdout), rows, result.stderr
 
 
-@pytest.mark.parametrize("system", ["cluster", "molecule"])
+@pytest.mark.parametrize("system", ["cluster", "molecule", "slab"])
 def test_a_cluster_and_a_molecule_without_a_cell_run_on_ranks_like_one_process(tmp_path, nproc, system):
     if system == "cluster":
         atoms, flags = Icosahedron("Ar", 3), []  # 55 atoms
-    else:  # ethanol with a soft LJ that keeps its atoms apart
+    elif system == "molecule":  # ethanol with a soft LJ that keeps its atoms apart
         atoms, flags = molecule("CH3CH2OH"), ["--model-arg", "sigma=1.2", "--model-arg", "cutoff=4.0"]
-    ase.io.write(tmp_path / "open.xyz", atoms)
-    one, one_rows, one_err = _run(tmp_path, "one", "--system", "open.xyz", *flags)
-    many, many_rows, many_err = _run(tmp_path, f"n{nproc}", "--system", "open.xyz", "--nproc", str(nproc), *flags)
+    else:  # an fcc(111) slab without vacuum: its cell has no z vector
+        atoms, flags = fcc111("Ar", size=(4, 4, 3), a=5.26), []
+        atoms.rattle(0.02, seed=1)
+        atoms.info.clear()  # ASE's adsorbate_info does not survive extxyz
+    ase.io.write(tmp_path / "open.extxyz", atoms)
+    one, one_rows, one_err = _run(tmp_path, "one", "--system", "open.extxyz", *flags)
+    many, many_rows, many_err = _run(tmp_path, f"n{nproc}", "--system", "open.extxyz", "--nproc", str(nproc),
+                                     *flags)
     for err in (one_err, many_err):
         assert err.count("no periodic box given: put in a non-periodic box with 10 A of vacuum") == 1
     assert many["ranks"] == nproc and many["atoms_conserved"]

@@ -124,7 +124,7 @@ class ThermoLogger:
         # worth printing (LAMMPS would divide by the vacuum's volume); NPT needs the same
         pressure_possible = _declares_stress(dyn.model) and bool(ctx.batch.pbc.all())
         wanted = self.columns or default_columns(
-            optimiser=hasattr(dyn, "max_force"), barostat=bool(type(dyn).compute_stress))
+            optimiser=hasattr(dyn, "max_force"), barostat=bool(dyn.__class__.compute_stress))  # the class: a view reports its integrator's
         if "press" in wanted or "press_gpa" in wanted:
             if not pressure_possible:
                 if self.columns is not None:

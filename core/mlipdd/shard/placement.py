@@ -21,6 +21,9 @@ tensor holds those rows:
   ghost atom has no entries in). Sums count owned rows only and stay exact; a read of
   the rows by index is refused until `mlipdd.shard.refresh_ghosts` copies the owners'
   values onto the ghosts.
+* ``partial=True`` (halo atom rows): a gradient by atom rows; every row holds only what
+  reaches the atom through this rank's copy, the strategy sums the copies when the model
+  returns it (NOTE [partial rows] in `mlipdd.shard.gradients`).
 
 A replicated value (the layout `Replicated`) needs no placement. Placements are
 computed by `mlipdd.shard.propagation` from the op and its inputs' placements, never
@@ -42,6 +45,7 @@ class Rows:
     group: int = 1
     values: str | None = None  # "systems": an index whose values are system numbers
     stale: bool = False  # halo atom rows whose ghost rows are not their owners' values
+    partial: bool = False  # halo atom rows of a gradient: copies' contributions, not yet summed
     why: str = ""  # opaque: how the rows became so
 
     def leads(self) -> bool:
@@ -112,4 +116,5 @@ def describe(place) -> str:
     what = "atom rows" if place.kind == "atoms" else "edge rows"
     merged = f", {place.group} entries per row" if place.group != 1 else ""
     stale = " (ghost rows not refreshed)" if place.stale else ""
-    return f"{what} along dim {place.dim}{merged}{stale}"
+    partial = " (a gradient: each copy's share, not yet summed over ranks)" if place.partial else ""
+    return f"{what} along dim {place.dim}{merged}{stale}{partial}"

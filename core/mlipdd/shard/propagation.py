@@ -628,13 +628,6 @@ def _gather(func, args, kwargs, out):
     return p or q
 
 
-def _grad(func, args, kwargs, out):
-    """torch.autograd.grad: each gradient is placed like the input it is taken by."""
-    inputs = args[1] if len(args) > 1 else kwargs["inputs"]
-    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
-    return [placement_of(i) if getattr(i, "_meta", None) is not None else None for i in inputs]
-
-
 def _rank_local_integers(func, args, kwargs, out):
     """Counts, unique values and positions of this rank's rows: its own index structures
     (NOTE [integer rows stay local]); opaque, so a float made from them is refused where
@@ -736,7 +729,7 @@ _READS: set = set()  # rules that read a plain table by a row index themselves
 
 def _register_defaults() -> None:
     _READS.update({_getitem, _put, _scatter_without_rule, _index_select, _gather, _embedding, _matmul, _tensordot,
-                   _einsum, _grad})
+                   _einsum})
     _table(pointwise, *_POINTWISE)
     _table(reduction(), torch.sum, torch.Tensor.sum, torch.mean, torch.Tensor.mean, torch.nansum,
            torch.Tensor.nansum, torch.nanmean, torch.Tensor.nanmean, torch.prod, torch.Tensor.prod,
@@ -789,7 +782,6 @@ def _register_defaults() -> None:
            torch.scatter)
     _table(_index_select, torch.index_select, torch.Tensor.index_select)
     _table(_gather, torch.gather, torch.Tensor.gather, torch.take_along_dim, torch.Tensor.take_along_dim)
-    _table(_grad, torch.autograd.grad)
     _table(_where, torch.where)
     _table(_fresh, torch.Tensor.new_zeros, torch.Tensor.new_ones, torch.Tensor.new_empty, torch.Tensor.new_full,
            torch.Tensor.new_tensor)

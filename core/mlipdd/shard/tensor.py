@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mlipdd.shard import registry
+from mlipdd.shard import gradients as partial
+from mlipdd.shard import registry, unseen
 from mlipdd.shard.exchange import ExchangePlan, halo_fill
 from mlipdd.shard.layouts import HALO, Layout, Replicated
 from mlipdd.shard.placement import ATOMS, EDGES, Rows
@@ -148,7 +149,7 @@ def promote(out, meta: ShardMeta, place=None):
         if getattr(out, "_meta", None) is None:
             out._meta = meta
         if place is not None and not isinstance(place, list):
-            out._place = place
+            _set_place(out, meta, place)
         return out
     if isinstance(out, torch.Tensor):
         return ShardTensor.wrap(out, meta, place)
@@ -158,10 +159,20 @@ def promote(out, meta: ShardMeta, place=None):
     return out
 
 
+def _set_place(out, meta: ShardMeta, place) -> None:
+    if place is not None and place.partial:
+        if meta.layout.is_halo():
+            partial.remember(out)  # NOTE [partial rows]: ops on it are checked from now on
+        else:  # sharded rows have no ghost copies: a gradient of owned rows is complete
+            place = dataclasses.replace(place, partial=False)
+    out._place = place
+
+
 class ShardTensor(torch.Tensor):
     _meta: ShardMeta
 
     _place = None  # `mlipdd.shard.placement`: where this tensor's rows are
+    _by_hand = None  # a rule that made it inside an autograd.Function (NOTE [unseen computation])
 
     @staticmethod
     def wrap(tensor: torch.Tensor, meta: ShardMeta, place=None) -> ShardTensor:
@@ -170,7 +181,7 @@ class ShardTensor(torch.Tensor):
         with torch._C.DisableTorchFunctionSubclass():
             out = tensor.as_subclass(ShardTensor)
         out._meta = meta
-        out._place = place
+        _set_place(out, meta, place)
         return out
 
     @property
@@ -189,16 +200,30 @@ class ShardTensor(torch.Tensor):
         kwargs = kwargs or {}
         if _STALE:
             _check_stale(args, kwargs)
+        # NOTE [partial rows]: only linear row-wise ops take a gradient by halo atom rows
+        takes_partial = bool(partial.LIVE) and partial.check_partial_inputs(func, args, kwargs)
+        if takes_partial:
+            return partial.mark_partial(cls._dispatch(func, args, kwargs))
+        return cls._dispatch(func, args, kwargs)
+
+    @classmethod
+    def _dispatch(cls, func, args, kwargs):
         meta = find_meta(args, kwargs)
         if meta is not None:
+            if meta.layout.is_checked():  # NOTE [unseen computation]
+                unseen.check_unseen(func, args, kwargs)
             rule = registry.lookup(func, meta, args, kwargs)
             if rule is not None:
                 registry.FIRED[rule.name] += 1
-                return rule.handler(func, meta, args, kwargs)
+                out = rule.handler(func, meta, args, kwargs)
+                unseen.mark_by_hand(out, rule.name, args, kwargs)
+                return out
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*args, **kwargs)
         if meta is None or func in _NO_PROMOTE:
             return out
+        if func is torch.autograd.grad:
+            return partial.place_gradients(out, args, kwargs, meta)  # NOTE [gradient layouts]
         if not _holds_tensors(out):  # shapes, dtypes, numbers, None
             if func is torch.Tensor.__setitem__ and meta.layout.is_checked():
                 output_placement(func, args, kwargs, out)  # refuses rows written into a plain tensor

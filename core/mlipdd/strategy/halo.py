@@ -35,7 +35,7 @@ from mlipdd.neighbors import NeighborList, build_neighbor_list
 from mlipdd.shard import ShardMeta, ShardTensor, halo_accumulate
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows, pad
 from mlipdd.shard.layouts import layout_for
-from mlipdd.shard.placement import SYSTEM_INDEX
+from mlipdd.shard.placement import SYSTEM_INDEX, placement_of
 from mlipdd.shard.tensor import neighbors_as_edge_rows
 from mlipdd.strategy.balance import LoadBalance
 from mlipdd.strategy.base import Strategy
@@ -306,15 +306,28 @@ class HaloStrategy(SpatialStrategy):
     def consolidate(self, outputs: dict, meta: ShardMeta, spec, autograd_outputs) -> dict:
         """Per output: partial sums all-reduced, per-atom rows back to owned rows."""
 
+        checked = meta.layout.is_checked()  # placements are kept (NOTE [refuse by default])
+        places = {name: placement_of(value) if checked and getattr(value, "_meta", None) is not None else None
+                  for name, value in outputs.items()}
+
         def per_atom(name, value):
             if value.dim() == 0 or value.shape[0] != meta.n_padded:
                 return value  # per system: replicated already
-            # derivatives hold partials on ghost rows, values hold mirrors
-            if name in autograd_outputs and name not in spec.owned_only_outputs:
+            if name not in spec.owned_only_outputs and _ghosts_hold_partials(name, places[name], autograd_outputs):
                 value = halo_accumulate(value, meta.plan)
             return value[: meta.n_owned]
 
         return consolidate_outputs(outputs, spec, self.group, per_atom)
+
+
+def _ghosts_hold_partials(name: str, place, autograd_outputs) -> bool:
+    """A gradient by atom rows holds each copy's share on its ghost rows, to be summed into
+    the owners; a value (or forces the model summed itself with a scatter) holds the
+    owners' values there (NOTE [partial rows]). The placement says which; an output
+    without one (an unchecked layout) goes by the model's list of autograd outputs."""
+    if place is not None and place.kind == "atoms" and place.leads():
+        return place.partial
+    return name in autograd_outputs
 
 
 def model_inputs(batch: Batch) -> dict[str, torch.Tensor]:

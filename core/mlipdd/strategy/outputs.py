@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from mlipdd.shard import all_reduce_sum, local
+from mlipdd.shard.replicated import is_replicated
 from mlipdd.spec.kinds import OutputKind
 
 
@@ -29,9 +30,12 @@ def consolidate_outputs(outputs: dict, spec, group, per_atom: Callable | None = 
         if not torch.is_tensor(value):
             result[name] = value
             continue
+        # a rule's cross-rank reduction made it (a per-system scatter inside the model):
+        # summing it again would count every rank's share world-size times
+        reduced = is_replicated(value)
         value = local(value).detach()
         kind = spec.output_kinds.get(name, OutputKind.UNKNOWN)
-        if name in spec.all_reduce_outputs:
+        if name in spec.all_reduce_outputs and not reduced:
             value = all_reduce_sum(value, group)
         elif kind.is_per_graph() or kind.is_global():
             pass  # replicated on every rank

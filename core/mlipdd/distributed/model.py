@@ -171,6 +171,8 @@ class DistributedModel(nn.Module):
         neighbors = model_batch.neighbors
         if self.config.skin == 0 or self.strategy.world_size > 1 or neighbors is None:
             return model_batch
+        if getattr(neighbors.edge_index, "_meta", None) is not None:  # edge rows a strategy tracks
+            return model_batch
         view = Batch._from_dicts(dict(model_batch.node), dict(model_batch.system))
         view.neighbors = edges_within(neighbors, model_batch, self.config.cutoff + TRIM_MARGIN)
         view.n_owned = getattr(model_batch, "n_owned", None)

@@ -88,8 +88,6 @@ def test_npt_and_nph_rebuild_rarely_and_equal_a_run_that_rebuilds_every_step():
         assert fresh_builds == 0 and 1 <= builds <= 6, (builds, fresh_builds)
 
 
-@pytest.mark.xfail(strict=True, reason="the halo strategy (mlipdd.strategy.halo.HaloStrategy.needs_rebuild) "
-                   "still rebuilds whenever the cell changes; strained_list_invalid is the rule it needs")
 def test_npt_on_two_ranks_rebuilds_rarely_too():
     result = subprocess.run(
         [sys.executable, "-m", "mlipdd", "run", "--size", "3", "--steps", "30", "--log-every", "0",

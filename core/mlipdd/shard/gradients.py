@@ -66,6 +66,7 @@ def place_gradients(grads, args, kwargs, meta):
             placed.append(ShardTensor.wrap(g, x._meta, place))
     return type(grads)(placed)
 
+
 # ids of live partial tensors (a weakref each): the check costs nothing while there are none
 LIVE: dict[int, weakref.ref] = {}
 

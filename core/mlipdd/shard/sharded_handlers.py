@@ -50,6 +50,7 @@ from mlipdd.shard.handlers import (
     _parse,
     _sum_dims,
     _target_rows,
+    by_system_index,
     read_placement,
     refuse_opaque_source,
 )
@@ -132,7 +133,7 @@ def _is_system_scatter(func, meta, args, kwargs) -> bool:
     if not _sharded_rows(meta) or not meta.system_reductions:
         return False
     dim, rows = _target_rows(args, kwargs)
-    return dim == 0 and rows == meta.n_systems
+    return dim == 0 and (by_system_index(args, kwargs) or (rows == meta.n_systems and rows != meta.n_owned))
 
 
 @register(Sharded, *SCATTER_OPS, predicate=_is_system_scatter, name="sharded_per_system_reduce")
@@ -158,7 +159,7 @@ def _is_node_scatter(func, meta, args, kwargs) -> bool:
     if not _sharded_rows(meta) or not meta.layout.route_scatters:
         return False
     dim, rows = _target_rows(args, kwargs)
-    return dim == 0 and rows == meta.n_owned
+    return dim == 0 and rows == meta.n_owned and not by_system_index(args, kwargs)
 
 
 @register(Sharded, *SCATTER_OPS, predicate=_is_node_scatter, name="sharded_scatter")

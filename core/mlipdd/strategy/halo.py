@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from mlipdd.comm import OnGroup, any_rank, check_together, compute_on_rank0, scatter_objects
 from mlipdd.data import NODE_FIELDS, Batch, InputError, fractional
-from mlipdd.neighbors import NeighborList, build_neighbor_list
+from mlipdd.neighbors import NeighborList, build_neighbor_list, strained_list_invalid
 from mlipdd.shard import ShardMeta, ShardTensor, halo_accumulate
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows, pad
 from mlipdd.shard.layouts import layout_for
@@ -211,11 +211,18 @@ class HaloPlanner(OnGroup):
         if state is None or batch.num_atoms != state.plan.n_owned:
             return True
         # one device->host read for the three questions (each read stalls the device queue)
-        changed = (batch.atom_ids != state.atom_ids).any() | (batch.cell.detach() != state.reference_cell).any()
+        cell = batch.cell.detach()
+        flags = [(batch.atom_ids != state.atom_ids).any(), (cell != state.reference_cell).any()]
+        owned_before = state.reference_padded[: batch.num_atoms]
         if batch.num_atoms:
-            moved = (batch.positions.detach() - state.reference_padded[: batch.num_atoms]).norm(dim=1).max()
-            changed = changed | (moved > 0.5 * skin)
-        return bool(changed)
+            flags.append((batch.positions.detach() - owned_before).norm(dim=1).max() > 0.5 * skin)
+        ids_changed, strained, *moved = torch.stack(flags).tolist()
+        if ids_changed:
+            return True
+        if strained:  # a barostat strains the cell every step: NOTE [skin under strain]
+            return strained_list_invalid(batch.positions.detach(), cell, owned_before, state.reference_cell,
+                                         batch.batch, self.cutoff, skin)
+        return bool(moved and moved[0])
 
 
 class SpatialStrategy(Strategy):

@@ -61,7 +61,7 @@ def _every_case(rank, world_size):
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_ordinary_idioms_equal_one_process(world_size):
     parts = run_ranks(_every_case, world_size, timeout=600)
-    for (model, strategy, system), _ in parts[0].items():
+    for model, strategy, system in parts[0]:
         batch = SYSTEMS[system]()
         reference = MODELS[model][0]()(batch.clone(), compute_stress=True)
         ranks = [p[model, strategy, system] for p in parts]

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 import torch
 from mlipdd.dynamics import NPH, NPT
 from mlipdd.lattices import lj_liquid
@@ -92,6 +91,6 @@ def test_npt_on_two_ranks_rebuilds_rarely_too():
     result = subprocess.run(
         [sys.executable, "-m", "mlipdd", "run", "--size", "3", "--steps", "30", "--log-every", "0",
          "--progress", "off", "--device", "cpu", "--ensemble", "npt", "--nproc", "2", "--json"],
-        env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+        env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["neighbor_list_builds"] <= 6

@@ -140,7 +140,7 @@ def _cli(tmp_path, *flags) -> dict:
         mlipdd_command("run", "--ensemble", "nve", "--steps", "8", "--log-every", "0", "--progress", "off",
                        "--device", "cpu", "--collective-timeout", "30", "--json", *flags),
         cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-        timeout=240)
+        timeout=240, check=False)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 

@@ -37,8 +37,8 @@ def _relaxation_lines(s: Mapping[str, Any]) -> list[str]:
     lines = [
         (f"{s['ensemble'].upper()} {s['model']} on {s['system']}: {s['n_atoms']} atoms, {state} "
          f"to fmax {s['fmax_eV_per_A']:g} eV/A after {s['steps']} {steps} ({s['dtype']}, {s['device']})"),
-        f"  final        max |F| {s['fmax_final_eV_per_A']:.4g} eV/A, energy {s['energy_final_eV']:.6f} eV "
-        f"({s['energy_final_eV'] / s['n_atoms']:.6f} eV/atom; {s['energy_change_eV']:+.6f} eV from the start)",
+        (f"  final        max |F| {s['fmax_final_eV_per_A']:.4g} eV/A, energy {s['energy_final_eV']:.6f} eV "
+         f"({s['energy_final_eV'] / s['n_atoms']:.6f} eV/atom; {s['energy_change_eV']:+.6f} eV from the start)"),
         f"  speed        {s['steps_per_s']:.2f} steps/s ({s['wall_s']:.2f} s)",
         _files_line(s),
     ]

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mlipdd.app.output_errors import check_outputs_writable, write_error_message
 from mlipdd.app.simulation import (
     DTYPES,
     ENSEMBLES,
@@ -20,7 +21,6 @@ from mlipdd.app.simulation import (
     run_simulation,
     strategy_names,
 )
-from mlipdd.app.output_errors import check_outputs_writable, write_error_message
 from mlipdd.data import InputError
 
 DESCRIPTION = """\

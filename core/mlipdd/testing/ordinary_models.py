@@ -164,7 +164,7 @@ class WholeSystemMPNN(_OrdinaryMPNN):
         self.readout = self._weight(features)
 
     def atomic_energies(self, batch: Batch, positions: torch.Tensor, cell: torch.Tensor) -> torch.Tensor:
-        sender, receiver, _, d, envelope, basis = self._edges(batch, positions, cell)
+        sender, receiver, _, _d, _envelope, basis = self._edges(batch, positions, cell)
         n_atoms = batch.num_atoms
         features = self.embed[self._species(batch.atomic_numbers)]
         aggregated = torch.zeros(n_atoms, self.features, dtype=positions.dtype, device=positions.device)

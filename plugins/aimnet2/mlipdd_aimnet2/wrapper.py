@@ -18,7 +18,6 @@ from mlipdd.data import Batch, InputError
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig, strained
 
 from mlipdd_aimnet2.coulomb import (
-    COULOMB_METHODS,
     SYSTEM_KINDS,
     check_all_pairs,
     coulomb_per_kind,

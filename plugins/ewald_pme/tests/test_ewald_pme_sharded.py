@@ -39,7 +39,6 @@ PME_SLAB = functools.partial(PMEWrapper, cutoff=6.0, accuracy=1e-6, slab_correct
 def aimnet_pme():
     """AIMNet2's predicted charges feeding PME (the network's own Coulomb off)."""
     from mlipdd_aimnet2.testing import random_aimnet2_wrapper
-
     from mlipdd_ewald_pme.coupled import ChargeCoupled
 
     return ChargeCoupled(random_aimnet2_wrapper(seed=0, coulomb="none"), PME())

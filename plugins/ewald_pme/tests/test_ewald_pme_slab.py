@@ -14,6 +14,7 @@ from mlipdd.data import InputError
 from mlipdd_ewald_pme.testing import dipolar_slab as slab
 from mlipdd_ewald_pme.wrappers import EwaldWrapper, PMEWrapper
 
+
 def _rel(a, b) -> float:
     return float((a - b).detach().abs().max() / b.detach().abs().max())
 

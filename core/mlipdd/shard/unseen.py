@@ -1,4 +1,4 @@
-"""Rows computed where the dispatch could not see: refused when they come back.
+"""Rows computed where the dispatch could not see them: what is refused, and what validation must catch.
 
 # NOTE [unseen computation]
 Two ways a model computes on rows without `ShardTensor.__torch_function__` seeing it:

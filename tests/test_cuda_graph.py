@@ -194,7 +194,9 @@ def _recapture(device):
         for key in ("energy", "forces", "stress"):
             torch.testing.assert_close(g[key], a[key], rtol=1e-10, atol=1e-12, msg=key)
         assert graphed.cuda_graph_captures == (1 if squeeze > 0.9 else 2), squeeze
-    assert eager.strategy.rebuilds == 3
+    # the 1.5% squeeze keeps the list (the skin bound under strain, NOTE [skin under strain]);
+    # the first call and the 20% squeeze build it
+    assert eager.strategy.rebuilds == 2
 
 
 def test_graph_bookkeeping_lj_md_matches_eager_on_cpu():

@@ -34,7 +34,7 @@ from dataclasses import replace
 
 import torch
 
-from mlipdd.shard.placement import Opaque, describe, placement_of
+from mlipdd.shard.placement import Opaque, describe, placement_of, tensor_args
 from mlipdd.shard.propagation import NoRuleError, op_name
 
 __all__ = ["LIVE", "check_partial_inputs", "is_partial", "mark_partial", "place_gradients", "remember"]
@@ -98,14 +98,6 @@ def mark_partial(out):
     return out
 
 
-def _operands(args, kwargs):
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            yield a
-        elif isinstance(a, (list, tuple)):
-            yield from (x for x in a if isinstance(x, torch.Tensor))
-
-
 T = torch.Tensor
 # one tensor in, each entry a fixed linear function of one entry (or a move of entries)
 _ONE_INPUT = {T.neg, T.__neg__, torch.neg, T.negative, torch.negative, T.clone, torch.clone, T.detach,
@@ -126,7 +118,7 @@ _DESCRIBE = {"__get__", "size", "dim", "numel", "stride", "__len__", "__repr__",
 
 
 def _linear_on_partial(func, args, kwargs, partial: list) -> bool:
-    operands = list(_operands(args, kwargs))
+    operands = list(tensor_args(args, kwargs))
     if func in _ONE_INPUT:  # others, if any, give a dtype or shape (x.to(y), x.view_as(y))
         return len(partial) == 1 and bool(args) and args[0] is partial[0]
     if func in _SUMS or func in _STACKS:  # every term partial: adding anything else to one copy is wrong
@@ -145,7 +137,7 @@ def _linear_on_partial(func, args, kwargs, partial: list) -> bool:
 def check_partial_inputs(func, args, kwargs) -> bool:
     """True when the op takes partial rows (its results are then partial: `mark_partial`);
     raises `NoRuleError` when it is not a linear row-wise op (NOTE [partial rows])."""
-    partial = [a for a in _operands(args, kwargs) if is_partial(a)]
+    partial = [a for a in tensor_args(args, kwargs) if is_partial(a)]
     if not partial:
         return False
     if getattr(func, "__name__", "") in _DESCRIBE or _linear_on_partial(func, args, kwargs, partial):

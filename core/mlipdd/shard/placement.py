@@ -35,7 +35,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["ATOMS", "EDGES", "SYSTEM_INDEX", "Opaque", "Rows", "describe", "placement_of", "rows_kind"]
+import torch
+
+__all__ = ["ATOMS", "EDGES", "SYSTEM_INDEX", "Opaque", "Rows", "describe", "placement_of", "rows_kind", "tensor_args"]
 
 
 @dataclass(frozen=True)
@@ -118,3 +120,12 @@ def describe(place) -> str:
     stale = " (ghost rows not refreshed)" if place.stale else ""
     partial = " (a gradient: each copy's share, not yet summed over ranks)" if place.partial else ""
     return f"{what} along dim {place.dim}{merged}{stale}{partial}"
+
+
+def tensor_args(args, kwargs):
+    """Every tensor among a call's arguments, and in its list or tuple arguments."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (x for x in a if isinstance(x, torch.Tensor))

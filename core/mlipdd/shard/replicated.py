@@ -19,9 +19,9 @@ import torch.distributed as dist
 
 from mlipdd.comm import group_size
 from mlipdd.shard.layouts import Layout
+from mlipdd.shard.placement import tensor_args as _tensors
 from mlipdd.shard.registry import ANY_OP, register
 from mlipdd.shard.tensor import ShardMeta, ShardTensor, local, promote
-from mlipdd.shard.tensor import _iter_tensors as _tensors
 
 
 class _ReplicatedToRows(torch.autograd.Function):

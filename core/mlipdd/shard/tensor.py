@@ -21,7 +21,7 @@ from mlipdd.shard import gradients as partial
 from mlipdd.shard import registry, unseen
 from mlipdd.shard.exchange import ExchangePlan, halo_fill
 from mlipdd.shard.layouts import HALO, Layout, Replicated
-from mlipdd.shard.placement import ATOMS, EDGES, Rows
+from mlipdd.shard.placement import ATOMS, EDGES, Rows, tensor_args
 from mlipdd.shard.propagation import output_placement
 
 
@@ -107,25 +107,18 @@ def dropped_rebind_message(op_name: str) -> str:
 
 
 def _check_stale(args, kwargs) -> None:
-    for a in _iter_tensors(args, kwargs):
+    for a in tensor_args(args, kwargs):
         ref = _STALE.get(id(a))
         if ref is not None and ref() is a:
             raise DroppedScatterResultError(dropped_rebind_message(getattr(a, "_mlipdd_dropped_op", "scatter_add_")))
 
-
-def _iter_tensors(args, kwargs):
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            yield a
-        elif isinstance(a, (list, tuple)):
-            yield from (x for x in a if isinstance(x, torch.Tensor))
 
 
 def find_meta(args, kwargs) -> ShardMeta | None:
     """The call's layout: the first ShardTensor holding rows, else the first replicated one
     (a replicated value next to rows is used per row: NOTE [replicated gradients])."""
     replicated = None
-    for a in _iter_tensors(args, kwargs):
+    for a in tensor_args(args, kwargs):
         if isinstance(a, ShardTensor):
             if not a._meta.layout.is_replicated():
                 return a._meta

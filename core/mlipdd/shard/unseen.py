@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from mlipdd.shard.placement import tensor_args
 from mlipdd.shard.propagation import NoRuleError, op_name
 
 __all__ = ["check_unseen", "mark_by_hand"]
@@ -38,7 +39,7 @@ def mark_by_hand(out, rule: str, args, kwargs) -> None:
     """Called after ``rule`` fired: mark its results if it ran inside a hand-differentiated forward."""
     if torch.is_grad_enabled():
         return
-    inputs = list(_tensors(args, kwargs))
+    inputs = list(tensor_args(args, kwargs))
     if not any(_requires_grad(a) for a in inputs):
         return
     for o in (out if isinstance(out, (tuple, list)) else (out,)):
@@ -51,16 +52,8 @@ def _requires_grad(t) -> bool:
         return t.requires_grad
 
 
-def _tensors(args, kwargs):
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            yield a
-        elif isinstance(a, (list, tuple)):
-            yield from (x for x in a if isinstance(x, torch.Tensor))
-
-
 def check_unseen(func, args, kwargs) -> None:
-    for a in _tensors(args, kwargs):
+    for a in tensor_args(args, kwargs):
         if getattr(a, "_by_hand", None) is not None and _has_history(a):
             with torch._C.DisableTorchFunctionSubclass():
                 backward = type(a.grad_fn).__name__

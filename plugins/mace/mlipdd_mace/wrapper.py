@@ -17,7 +17,7 @@ from mlipdd.data import Batch
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig
 from mlipdd_mace.chunked import chunked_blocks, estimate_memory
 from mlipdd_mace.empty_rows import empty_rows_guard
-from mlipdd_mace.graph import mace_inputs
+from mlipdd_mace.graph import mace_inputs, one_hot_elements
 from mlipdd_mace.versions import require_mace
 
 
@@ -209,6 +209,14 @@ class MACEWrapper(ModelWrapper):
         if compute_stress:
             result["stress"] = out["stress"]
         return result
+
+    def atomic_reference_energies(self, atomic_numbers: torch.Tensor) -> torch.Tensor:
+        """Each atom's isolated-atom energy E0 (eV) for this head, the part of ``energies``
+        that mace adds per element: ``energies`` minus this is MACECalculator's
+        ``node_energy`` (what `mlipdd.ase.MLIPDDCalculator` returns under that name)."""
+        one_hot = one_hot_elements(atomic_numbers, self.model.atomic_numbers, self.dtype)
+        # mace's own block, as its forward computes node_e0: [atoms, heads]
+        return self.model.atomic_energies_fn(one_hot)[:, self.head_index].detach()
 
     def memory_estimate(self, n_atoms: int, n_edges: int) -> dict:
         """Rough peak bytes of one energy + forces call on ``n_atoms`` rows (owned + ghost

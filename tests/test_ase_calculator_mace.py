@@ -79,6 +79,36 @@ def test_per_atom_energies_equal_mace_calculators(nproc, mace64, pool2):
     np.testing.assert_allclose(got.get_forces(), ref.get_forces(), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("nproc", NPROCS)
+def test_node_energy_is_mace_calculators_energies_less_e0(nproc, mace64, pool2):
+    """MACECalculator's ``node_energy``: per-atom energies less each element's E0 (was
+    missing, issue 24 item 5)."""
+    atoms = triclinic()
+    ref, got = theirs(mace64, atoms), ours(_calc(nproc, mace64, pool2), atoms)
+    ref.get_potential_energy()
+    got.get_potential_energy()
+    expected = ref.calc.results["node_energy"]
+    np.testing.assert_allclose(got.calc.results["node_energy"], expected, rtol=0, atol=1e-12)
+    e0 = got.calc.results["energies"] - got.calc.results["node_energy"]
+    assert np.abs(e0).min() > 0.5 and len(np.unique(e0.round(9))) == 3  # an E0 per element
+
+
+def test_node_energy_takes_the_chosen_heads_e0():
+    """A two-head model: E0 of the head the wrapper uses, as MACECalculator's ``head``."""
+    model = random_mace(elements=(1, 6, 8), r_max=4.0, dtype=torch.float64, seed=5,
+                        heads=("Default", "pbe"))
+    atoms = triclinic()
+    for head in ("Default", "pbe"):
+        ref = atoms.copy()
+        ref.calc = MACECalculator(models=copy.deepcopy(model), device="cpu", default_dtype="float64",
+                                  head=head)
+        ref.get_potential_energy()
+        got = ours(MLIPDDCalculator(MACEWrapper(copy.deepcopy(model), head=head)), atoms)
+        got.get_potential_energy()
+        np.testing.assert_allclose(got.calc.results["node_energy"], ref.calc.results["node_energy"],
+                                   rtol=0, atol=1e-12)
+
+
 def mace_volume(atoms, r_max=4.0) -> float:
     """The volume MACECalculator divides a slab's virial by: mace stretches each non-periodic
     cell vector to (max |position| + 1) * 5 * r_max (mace.data.neighborhood); ours is the

@@ -44,14 +44,17 @@ class MLIPDDCalculator(Calculator):
     naming it, and the next call starts new ranks.
 
     Results: ``energy`` / ``free_energy`` (eV), ``forces`` (eV/A), ``energies`` (per atom,
-    eV; `Atoms.get_potential_energies`), ``stress`` (eV/A^3, ASE's Voigt order and sign;
+    eV; `Atoms.get_potential_energies`), ``node_energy`` (per atom less the element's
+    isolated-atom energy E0, as MACECalculator's; for a wrapper with
+    ``atomic_reference_energies``, as MACEWrapper), ``stress`` (eV/A^3, ASE's Voigt order and sign;
     for a cell with three non-zero vectors, periodic in two or three directions: a slab's
     stress uses the volume of its cell, vacuum included, as MACECalculator does) and any
     other per-atom output the model gives (``charges``). Close it with ``calc.close()``, a
     ``with`` block, or let ``atexit`` do it.
     """
 
-    implemented_properties = ("energy", "free_energy", "forces", "stress", "energies", "charges")
+    implemented_properties = ("energy", "free_energy", "forces", "stress", "energies", "node_energy",
+                              "charges")
 
     def __init__(self, model=None, nproc: int = 1, config=None, device: str | None = None,
                  dtype: torch.dtype | None = None, pool=None, timeout: float = _DEFAULT_TIMEOUT_S,
@@ -82,6 +85,16 @@ class MLIPDDCalculator(Calculator):
             if name not in ("energy", "stress") and value.shape[:1] == (len(self.atoms),):
                 rows = _numpy(value)
                 self.results[name] = rows.reshape(-1) if rows.ndim == 2 and rows.shape[1] == 1 else rows
+        self._add_node_energy(batch)
+
+    def _add_node_energy(self, batch) -> None:
+        """MACECalculator's ``node_energy``: the per-atom energies less each element's
+        isolated-atom energy E0, for a model that says its E0s (`atomic_reference_energies`)."""
+        reference = getattr(self.evaluator.local_model, "atomic_reference_energies", None)
+        if reference is None or "energies" not in self.results:
+            return
+        e0 = reference(batch.atomic_numbers.cpu())
+        self.results["node_energy"] = self.results["energies"] - _numpy(e0).reshape(-1)
 
     def _box_if_open(self, batch) -> None:
         """A molecule or cluster without a usable box gets one with vacuum (the ranks split a

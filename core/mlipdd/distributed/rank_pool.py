@@ -343,6 +343,12 @@ class ModelEvaluator:
     def pids(self) -> list[int]:
         return self.pool.pids if self.pool is not None else []
 
+    @property
+    def local_model(self):
+        """The model in this process (the pool's reference copy at ``nproc > 1``), in the
+        evaluation's dtype: for what the caller asks the wrapper itself (its E0s)."""
+        return self.model if self.pool is None else self.pool.reference_model
+
     def evaluate(self, batch, compute_stress: bool) -> dict[str, torch.Tensor]:
         if self.pool is None:
             out = _run_here(self.model, batch.to(self.device), compute_stress)

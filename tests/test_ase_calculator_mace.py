@@ -203,6 +203,23 @@ def test_an_neb_shares_one_pool_of_two_ranks(mace64, pool2):
     np.testing.assert_allclose(mine, reference, rtol=0, atol=1e-9)
 
 
+def test_ranks_start_without_importing_mace_themselves(mace64, pool2):
+    """Startup at nproc=2 (issue 24 item 5: was 9-21 s, every rank importing torch, e3nn and
+    mace itself): ranks fork from a server that imported them once, so a rank spends a
+    fraction of a second of CPU getting ready (spawned ranks: about 3.5 s each here). CPU
+    time, not wall time: it does not grow with the load of a shared machine."""
+    import time
+
+    start = time.monotonic()
+    with RankPool(MACEWrapper(copy.deepcopy(mace64)), nproc=2) as pool:
+        wall = time.monotonic() - start
+        assert ours(MLIPDDCalculator(pool=pool), triclinic()).get_potential_energy() == pytest.approx(
+            theirs(mace64, triclinic()).get_potential_energy(), abs=1e-10)
+    print(f"MACE RankPool(nproc=2): {wall:.1f} s wall, rank CPU {pool.start_cpu_seconds} s")
+    for pool_ in (pool2, pool):
+        assert len(pool_.start_cpu_seconds) == 2 and max(pool_.start_cpu_seconds) < 1.5, pool_.start_cpu_seconds
+
+
 @pytest.mark.parametrize("nproc", NPROCS)
 def test_torch_sim_model_dtype_float32_equals_torch_sims_own_float32_mace(nproc, mace64):
     """TorchSimModel(dtype=float32) converts the model too (issue 24 item 3)."""

@@ -82,6 +82,7 @@ class RankPool:
         self._store_dir = None
         self.closed = False
         self.starts = 0  # how many times ranks were started (1 + restarts after lost ranks)
+        self.start_cpu_seconds: list[float] = []  # each rank's CPU time to get ready, last start
         self._start()
 
     # ---- starting and stopping ------------------------------------------------------------
@@ -103,10 +104,11 @@ class RankPool:
             self._procs.append(proc)
         self.starts += 1
         try:
-            self._collect(_START_TIMEOUT_S, starting=True)
+            answers = self._collect(_START_TIMEOUT_S, starting=True)
         except BaseException:
             self._kill()
             raise
+        self.start_cpu_seconds = [float(answer[1]) for answer in answers]
 
     def close(self) -> None:
         """Stop every rank; idempotent. A closed pool serves no more calls."""

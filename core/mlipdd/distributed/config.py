@@ -40,7 +40,18 @@ class DomainConfig:
     zero weight to an edge longer than its cutoff (every model here does; a list built
     with a skin needs it anyway) and must not read the device on the host inside its
     forward. Refused with more than one rank, on CPU tensors, and with a strategy other
-    than ``"halo"``."""
+    than ``"halo"``;
+    ``compile``: at ONE rank (CPU or CUDA), run the model's whole force call (forward and
+    force backward) through ``torch.compile`` with ``compile_backend`` (``"inductor"``;
+    ``"aot_eager"`` traces the same graph without generating code). Every call is padded
+    to per-rank caps of atoms and edges (``compile_headroom`` times the first call's
+    sizes; padding atoms sit in a padding system of their own, padding edges are null
+    edges), so neighbour-list rebuilds do not recompile; a system that outgrows its caps
+    gets larger ones (one recompile, counted in ``DistributedModel.compile_stats``). The
+    first call at each new set of shapes is checked against the eager call
+    (`mlipdd.distributed.compiled`). Refused with more than one rank (dynamo cannot trace
+    the ShardTensor dispatch), with ``cuda_graph=True`` (one or the other) and with a
+    strategy other than ``"halo"``."""
 
     cutoff: float
     skin: float = 0.5
@@ -51,6 +62,9 @@ class DomainConfig:
     balance_every: int = 10
     balance_damping: float = 0.5
     cuda_graph: bool = False
+    compile: bool = False
+    compile_backend: str = "inductor"
+    compile_headroom: float = 1.2
 
     def __post_init__(self) -> None:
         self.strategy = None if self.strategy is None else _strategy_name(self.strategy)
@@ -69,6 +83,8 @@ class DomainConfig:
                 f"{self.strategy_name} strategy; use strategy='halo' (at one rank every strategy "
                 "computes the same forces) or leave cuda_graph=False"
             )
+        if self.compile:
+            _check_compile(self)
         if self.balance is not None and self.strategy is StrategyKind.GRAPH_PARTITION:
             raise InputError(
                 "DomainConfig.balance moves the spatial cut planes of the halo and sharded strategies; "
@@ -87,6 +103,24 @@ class DomainConfig:
         return self.strategy.value if isinstance(self.strategy, StrategyKind) else self.strategy
 
 
+def _check_compile(config: DomainConfig) -> None:
+    if config.cuda_graph:
+        raise InputError(
+            "DomainConfig(compile=True, cuda_graph=True): choose one; cuda_graph replays the eager "
+            "force call from a CUDA graph (small systems, host-bound), compile fuses its kernels"
+        )
+    if config.strategy not in (None, StrategyKind.HALO):
+        raise InputError(
+            f"DomainConfig(compile=True) compiles the one-rank halo path, not the {config.strategy_name} "
+            "strategy (its rows are ShardTensors, which torch.compile cannot trace yet); use "
+            "strategy='halo' at one rank, or leave compile=False"
+        )
+    if not config.compile_headroom >= 1.0:
+        raise InputError(f"DomainConfig.compile_headroom must be >= 1 (caps / sizes), got {config.compile_headroom}")
+    if not isinstance(config.compile_backend, str) or not config.compile_backend:
+        raise InputError(f"DomainConfig.compile_backend must name a torch.compile backend, got {config.compile_backend!r}")
+
+
 def resolve_strategy(config: DomainConfig, model, world_size: int, own_spec: bool) -> DomainConfig:
     """``config`` with its strategy decided: as given, or for ``strategy=None`` the model's
     ``preferred_strategy`` when it runs on several ranks under its own spec (an explicit
@@ -95,7 +129,7 @@ def resolve_strategy(config: DomainConfig, model, world_size: int, own_spec: boo
     if config.strategy is not None:
         return config
     preferred = getattr(model, "preferred_strategy", "halo")
-    chosen = preferred if world_size > 1 and own_spec and not config.cuda_graph else "halo"
+    chosen = preferred if world_size > 1 and own_spec and not (config.cuda_graph or config.compile) else "halo"
     return dataclasses.replace(config, strategy=chosen)
 
 

@@ -20,6 +20,7 @@ from mlipdd.comm import (
     nccl_device,
 )
 from mlipdd.data import Batch, InputError, check_not_empty
+from mlipdd.distributed.compiled import CompiledForceCall
 from mlipdd.distributed.config import DomainConfig, StrategyKind, resolve_strategy
 from mlipdd.distributed.cuda_graph import TRIM_MARGIN, GraphedForceCall, edges_within
 from mlipdd.plugins import get_strategy
@@ -49,7 +50,9 @@ class DistributedModel(nn.Module):
 
     With ``DomainConfig(cuda_graph=True)`` (one rank, CUDA) the model's force call is
     replayed from a CUDA graph (`mlipdd.distributed.cuda_graph`); ``cuda_graph_captures``
-    counts its captures.
+    counts its captures. With ``DomainConfig(compile=True)`` (one rank) it runs through
+    ``torch.compile`` at padded caps (`mlipdd.distributed.compiled`); ``compile_stats``
+    counts compiles, recompiles and eager checks.
     """
 
     def __init__(self, model, config: DomainConfig, spec=None, group=None):
@@ -92,6 +95,20 @@ class DistributedModel(nn.Module):
             # the cutoff (the rest weigh zero), so the graph does the bare model's work
             trim = config.cutoff if config.skin > 0 else None
             self._graphed = GraphedForceCall(self._call_model, trim_to=trim)
+        self._compiled: CompiledForceCall | None = None
+        if config.compile:
+            if self.strategy.world_size > 1:
+                raise InputError(
+                    f"DomainConfig(compile=True) compiles the force call of ONE rank; this run has "
+                    f"{self.strategy.world_size} ranks, whose model rows are ShardTensors: torch.compile "
+                    "cannot trace their dispatch (the cross-rank exchanges inside the forward) yet. "
+                    "Leave compile=False with several ranks (the eager distributed path), or compile at one rank"
+                )
+            def model_call(batch, stress):  # the contexts are entered around the compiled call
+                return self.model(batch, compute_stress=stress)
+
+            self._compiled = CompiledForceCall(model_call, model_call, reach=config.halo_width,
+                                               backend=config.compile_backend, headroom=config.compile_headroom)
 
     @property
     def cutoff(self) -> float:
@@ -101,6 +118,18 @@ class DistributedModel(nn.Module):
     def cuda_graph_captures(self) -> int:
         """How many times the force call was captured in a CUDA graph (0: not graphed)."""
         return 0 if self._graphed is None else self._graphed.captures
+
+    @property
+    def compile_stats(self) -> dict | None:
+        """With ``compile=True``: ``compiles`` (distinct padded shapes compiled), ``recompiles``
+        (those after the first), ``graphs`` (graphs the backend built), ``checks`` (eager
+        comparisons), ``compile_seconds``, ``caps`` (atoms, edges) and ``backend``; else None."""
+        c = self._compiled
+        if c is None:
+            return None
+        caps = None if c.caps is None else (c.caps.atoms, c.caps.edges)
+        return {"backend": c.backend, "compiles": c.compiles, "recompiles": c.recompiles, "graphs": c.graphs,
+                "checks": c.checks, "compile_seconds": round(c.compile_seconds, 3), "caps": caps}
 
     @property
     def load_imbalance(self) -> float | None:
@@ -150,6 +179,10 @@ class DistributedModel(nn.Module):
             with self.strategy.model_scope(meta):
                 if self._graphed is not None:
                     outputs = self._graphed(model_batch, compute_stress)
+                elif self._compiled is not None:
+                    trimmed = self._within_cutoff(model_batch)
+                    with installed(self.spec), activated(self.spec, row_ids=trimmed.atom_ids):
+                        outputs = self._compiled(trimmed, compute_stress)
                 else:
                     outputs = self._call_model(self._within_cutoff(model_batch), compute_stress)
             autograd_outputs = getattr(self.model.model_config, "autograd_outputs", frozenset())

@@ -54,7 +54,12 @@ def capturing(tensor: torch.Tensor) -> bool:
     A capture (``DomainConfig(cuda_graph=True)``) refuses every host read of the device
     (``.item()``, ``bool(t)``, boolean-mask indexing): a wrapper skips its input checks and
     host-side filtering then. They still run, on the same inputs, in the eager warm-up
-    calls just before the capture (`mlipdd.distributed.cuda_graph`)."""
+    calls just before the capture (`mlipdd.distributed.cuda_graph`). Also true while
+    ``torch.compile`` traces (``DomainConfig(compile=True)``): a host read would break the
+    graph; the eager comparison call of the same inputs runs the checks
+    (`mlipdd.distributed.compiled`)."""
+    if torch.compiler.is_compiling():
+        return True
     return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
@@ -133,7 +138,8 @@ def energy_forces_stress(model: ModelWrapper, batch: Batch, compute_stress: bool
         inputs = [positions]
         cell = batch.cell
         if compute_stress:
-            strain = torch.zeros_like(batch.cell, requires_grad=True)
+            # requires_grad_ after creation: torch.compile cannot trace a factory with requires_grad=True
+            strain = torch.zeros_like(batch.cell).requires_grad_(True)
             inputs.append(strain)
             pos_used, cell = strained(_with_positions(batch, positions), strain)
         else:

@@ -1,0 +1,272 @@
+"""`CompiledForceCall`: a model's force call through ``torch.compile`` at fixed, padded shapes.
+
+Why padded: ``torch.compile`` specialises a graph to the shapes it saw; the atoms of a
+rank and the edges of its list change at every neighbour-list rebuild, so an unpadded
+call would recompile at each one. Here every call runs at *caps*: a number of atom rows
+and edge slots fixed until the system outgrows them (then larger caps, one recompile,
+never a crash). Caps start at ``headroom`` times the first call's sizes.
+
+# NOTE [padding rows]
+The rows past the real atoms are *padding atoms* in a padding system of their own (one
+more entry in every per-system field, a cubic cell ``reach + 1`` wide, periodic); the
+edge slots past the real edges are *null edges*: a padding atom joined to its own image
+one cell vector away, ``reach + 1`` long. So nothing padded touches a real atom: a real
+atom's energy, force and stress see exactly the edges they see eagerly, the padding
+system's energy and stress are dropped, and the null edges weigh zero in every model
+(a Verlet list's skin edges already demand that; see NOTE [null edges] in
+`mlipdd.distributed.cuda_graph`). The list is marked ``padded`` so a model keeps every
+slot instead of filtering (which would change the shapes).
+
+# NOTE [compiled equals eager]
+The first rule binds a compiled path too: the first call at every new set of shapes,
+and every call whose atomic numbers or other integer inputs changed, is also run
+eagerly on the unpadded batch and compared (float64: 1e-9 of the largest value,
+float32: 1e-3). A difference stops the run naming the output and the fix (compile=False).
+Dynamo does not fall back to eager silently either: hitting its recompile limit raises,
+and a new set of shapes that reached no graph is refused.
+
+Inside the compiled region `mlipdd.models.capturing` is true, so wrappers skip their
+host-side input checks there (they would break the graph); the checks run in the eager
+comparison call of the same inputs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from mlipdd.data import Batch, InputError
+from mlipdd.neighbors import NeighborList
+
+__all__ = ["Caps", "CompiledForceCall", "pad_to_caps", "unpad_outputs"]
+
+ForceCall = Callable[[Batch, bool], dict]
+PER_SYSTEM = frozenset({"energy", "stress", "virial"})
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-3}
+RECOMPILE_LIMIT = 256  # dynamo's per-code cache; hitting it raises (fail_on_recompile_limit_hit)
+
+
+@dataclass(frozen=True)
+class Caps:
+    """Rows of the padded call: ``atoms`` (real + at least one padding atom) and ``edges``."""
+
+    atoms: int
+    edges: int
+
+    def fit(self, atoms: int, edges: int) -> bool:
+        return atoms < self.atoms and edges <= self.edges
+
+    @staticmethod
+    def around(atoms: int, edges: int, headroom: float, systems: int) -> Caps:
+        n = max(math.ceil(headroom * atoms), atoms + 1)
+        if n == systems + 1:  # per-atom and per-system outputs must not have the same rows
+            n += 1
+        return Caps(n, max(math.ceil(headroom * edges), edges + 16))
+
+
+class CompiledForceCall:
+    """``call(batch, compute_stress) -> outputs`` compiled with ``torch.compile`` at caps.
+
+    ``model_call`` is what gets compiled (the wrapper's forward, no context managers);
+    ``eager_call`` is the full eager path the first call at each shape is checked against
+    (NOTE [compiled equals eager]). ``reach``: the radius the list was built with (null
+    edges are longer). ``backend``: a ``torch.compile`` backend (``"inductor"``; the
+    cheaper ``"aot_eager"`` traces the same graphs without generating code).
+
+    Counters: ``compiles`` (distinct shapes compiled), ``recompiles`` (those after the
+    first), ``graphs`` (graphs the backend compiled, graph breaks included), ``checks``
+    (eager comparisons), ``compile_seconds`` (wall time of the calls that compiled).
+    """
+
+    def __init__(self, model_call: ForceCall, eager_call: ForceCall, reach: float, backend: str = "inductor",
+                 headroom: float = 1.2, check_eager: bool = True):
+        if not headroom >= 1.0:
+            raise InputError(f"headroom must be >= 1 (caps / sizes at the first call), got {headroom}")
+        self.model_call = model_call
+        self.eager_call = eager_call
+        self.reach = float(reach)
+        self.backend = backend
+        self.headroom = float(headroom)
+        self.check_eager = bool(check_eager)
+        self.caps: Caps | None = None
+        self.compiles = 0
+        self.graphs = 0
+        self.checks = 0
+        self.compile_seconds = 0.0
+        self._keys: set[tuple] = set()
+        self._structure: dict[str, tuple[torch.Tensor, int]] = {}
+        self._compiled = torch.compile(self._padded_call, backend=self._counting_backend, dynamic=False)
+
+    @property
+    def recompiles(self) -> int:
+        return max(self.compiles - 1, 0)
+
+    def __call__(self, batch: Batch, compute_stress: bool = False) -> dict:
+        _check_compilable(batch)
+        compute_stress = bool(compute_stress)
+        atoms, edges = batch.num_atoms, batch.neighbors.num_edges
+        if self.caps is None or not self.caps.fit(atoms, edges):
+            grown = Caps.around(atoms, edges, self.headroom, batch.num_systems)
+            if self.caps is not None:  # never shrink: a recompile costs far more than the rows
+                grown = Caps(max(grown.atoms, self.caps.atoms), max(grown.edges, self.caps.edges))
+            self.caps = grown
+        padded = pad_to_caps(batch, self.caps, self.reach)
+        key = _shape_key(padded, compute_stress)
+        new_shapes = key not in self._keys
+        graphs_before, start = self.graphs, time.perf_counter()
+        with torch._dynamo.config.patch(trace_autograd_ops=True, recompile_limit=RECOMPILE_LIMIT,
+                                        fail_on_recompile_limit_hit=True):
+            outputs = self._compiled(padded, compute_stress)
+        if new_shapes:
+            if self.graphs == graphs_before:
+                raise RuntimeError(
+                    "DomainConfig(compile=True): torch.compile produced no graph for new shapes "
+                    f"{self.caps} (it ran the force call eagerly); report this with the model, or run "
+                    "with compile=False"
+                )
+            self._keys.add(key)
+            self.compiles += 1
+            self.compile_seconds += time.perf_counter() - start
+        result = unpad_outputs(outputs, self.caps.atoms, atoms, batch.num_systems)
+        structure_changed = self._structure_changed(batch)  # always: it also remembers what it saw
+        if self.check_eager and (new_shapes or structure_changed):
+            self._compare_with_eager(batch, compute_stress, result)
+        return result
+
+    def _padded_call(self, batch: Batch, compute_stress: bool) -> dict:
+        out = self.model_call(batch, compute_stress)
+        # detached: a returned tensor whose graph autograd.grad consumed would break the graph
+        return {name: value.detach() if torch.is_tensor(value) else value for name, value in out.items()}
+
+    def _counting_backend(self, gm, example_inputs):
+        self.graphs += 1
+        return torch._dynamo.lookup_backend(self.backend)(gm, example_inputs)
+
+    def _structure_changed(self, batch: Batch) -> bool:
+        """Whether an integer input (atomic numbers, system index, ...) is a new tensor or
+        was modified in place since the last check: its values may differ (no device read)."""
+        changed = False
+        for name, value in batch.node.items():
+            if torch.is_tensor(value) and not value.is_floating_point():
+                seen = self._structure.get(name)
+                if seen is None or seen[0] is not value or seen[1] != value._version:
+                    changed = True
+                    self._structure[name] = (value, value._version)
+        return changed
+
+    def _compare_with_eager(self, batch: Batch, compute_stress: bool, result: dict) -> None:
+        self.checks += 1
+        eager = self.eager_call(batch, compute_stress)
+        for name, want in eager.items():
+            got = result.get(name)
+            if not torch.is_tensor(want) or got is None:
+                continue
+            want = want.detach()
+            scale = float(want.abs().max()) if want.numel() else 0.0
+            tol = TOLERANCE.get(want.dtype, 1e-3) * max(scale, 1.0)
+            diff = float((got - want).abs().max()) if want.numel() else 0.0
+            if got.shape != want.shape or not diff <= tol:
+                raise RuntimeError(
+                    f"DomainConfig(compile=True): the compiled {name} differs from the eager one by "
+                    f"{diff:.3g} (allowed {tol:.3g}, caps {self.caps}); the model's code behaves "
+                    "differently under torch.compile (a branch on torch.compiler.is_compiling(), a "
+                    "host-side value baked into the graph). Run with compile=False"
+                )
+
+
+def pad_to_caps(batch: Batch, caps: Caps, reach: float) -> Batch:
+    """``batch`` padded to ``caps`` rows (NOTE [padding rows]); positions a fresh leaf."""
+    atoms, systems = batch.num_atoms, batch.num_systems
+    extra = caps.atoms - atoms
+    if extra < 1 or batch.neighbors.num_edges > caps.edges:
+        raise InputError(f"{atoms} atoms and {batch.neighbors.num_edges} edges do not fit caps {caps}")
+    device, dtype = batch.device, batch.dtype
+    node = {}
+    for name, value in batch.node.items():
+        if not torch.is_tensor(value) or value.shape[:1] != (atoms,):
+            node[name] = value
+        elif name == "positions":
+            node[name] = torch.cat([value.detach(), value.new_zeros(extra, *value.shape[1:])]).requires_grad_(True)
+        elif name == "batch":
+            node[name] = torch.cat([value, value.new_full((extra,), systems)])
+        elif name == "atom_ids":
+            node[name] = torch.cat([value, -1 - torch.arange(extra, device=device, dtype=value.dtype)])
+        else:  # the first atom's values: a species and charges every model accepts
+            node[name] = torch.cat([value, value[:1].expand(extra, *value.shape[1:])])
+    system = {}
+    for name, value in batch.system.items():
+        if not torch.is_tensor(value) or value.shape[:1] != (systems,):
+            system[name] = value
+        elif name == "cell":
+            box = torch.eye(3, dtype=value.dtype, device=device) * (reach + 1.0)
+            system[name] = torch.cat([value.detach(), box[None]])
+        elif name == "pbc":
+            system[name] = torch.cat([value, value.new_ones(1, *value.shape[1:])])
+        else:
+            system[name] = torch.cat([value, value[:1]])
+    padded = _FixedCounts._from_dicts(node, system)
+    counts = torch.cat([batch.atoms_per_system, torch.tensor([extra], device=device)])
+    object.__setattr__(padded, "_counts", counts)
+    object.__setattr__(padded, "_ptr", torch.cat([counts.new_zeros(1), counts.cumsum(0)]))
+    padded.neighbors = _padded_list(batch.neighbors, caps.edges, atoms, extra, dtype)
+    padded.n_owned = atoms
+    return padded
+
+
+def unpad_outputs(outputs: dict, cap_atoms: int, atoms: int, systems: int) -> dict:
+    """The real atoms' and systems' rows of a padded call's outputs."""
+    result = {}
+    for name, value in outputs.items():
+        if torch.is_tensor(value) and value.dim() > 0:
+            if name in PER_SYSTEM or value.shape[0] == systems + 1:
+                value = value[:systems]
+            elif value.shape[0] == cap_atoms:
+                value = value[:atoms]
+        result[name] = value
+    return result
+
+
+def _padded_list(source: NeighborList, slots: int, atoms: int, extra: int, dtype) -> NeighborList:
+    null = slots - source.num_edges
+    index_dtype, device = source.edge_index.dtype, source.edge_index.device
+    owner = atoms + torch.arange(null, device=device, dtype=index_dtype) % extra  # spread over the padding atoms
+    shifts = torch.zeros(null, 3, dtype=source.unit_shifts.dtype, device=device)
+    shifts[:, 0] = 1.0  # one padding-cell vector: reach + 1 long
+    return NeighborList(torch.cat([source.edge_index, owner.expand(2, -1)], dim=1),
+                        torch.cat([source.unit_shifts, shifts]), source.cutoff, source.full_list, padded=True)
+
+
+class _FixedCounts(Batch):
+    """A padded batch whose atoms per system are known: ``ptr`` without a ``bincount``
+    (a data-dependent op that would break the compiled graph)."""
+
+    @property
+    def ptr(self) -> torch.Tensor:
+        fixed = self.__dict__.get("_ptr")
+        return fixed if fixed is not None else Batch.ptr.fget(self)
+
+    @property
+    def atoms_per_system(self) -> torch.Tensor:
+        fixed = self.__dict__.get("_counts")
+        return fixed if fixed is not None else Batch.atoms_per_system.fget(self)
+
+
+def _shape_key(batch: Batch, compute_stress: bool) -> tuple:
+    fields = tuple(sorted((store, name, tuple(v.shape), v.dtype)
+                          for store, values in (("node", batch.node), ("system", batch.system))
+                          for name, v in values.items() if torch.is_tensor(v)))
+    return (compute_stress, fields, batch.neighbors.num_edges)
+
+
+def _check_compilable(batch: Batch) -> None:
+    if type(batch.positions) is not torch.Tensor:
+        raise InputError(
+            "DomainConfig(compile=True) compiles the force call of one rank on plain tensors; this "
+            "batch is distributed (ShardTensor rows): run on one rank or leave compile=False"
+        )
+    if batch.neighbors is None:
+        raise InputError("a compiled force call needs the batch's neighbour list (batch.neighbors)")

@@ -1,0 +1,201 @@
+"""DomainConfig(compile=True): the one-rank force call through torch.compile at padded caps.
+
+Compiled equals eager to 1e-10 in float64 (LJ and a small MACE, every awkward cell),
+across neighbour-list rebuilds in MD without recompiling, with larger caps when the
+system outgrows them; a compiled path that differs from eager is caught; several ranks
+and other strategies are refused by name. Most tests use the "aot_eager" backend (the
+same dynamo trace and AOT autograd graphs, no C++ build: cheap on a shared CPU); one
+runs inductor.
+"""
+
+import pytest
+import torch
+from mlipdd.data import InputError
+from mlipdd.distributed import DistributedModel, DomainConfig
+from mlipdd.distributed.compiled import Caps, CompiledForceCall, pad_to_caps, unpad_outputs
+from mlipdd.models.lj import LennardJones
+from mlipdd.neighbors import attach_neighbors
+from mlipdd.testing import run_ranks
+from mlipdd.testing.graph_replay import graphed_vs_eager_md
+from mlipdd.testing.systems import slab, small_cell, triclinic, two_systems
+
+SYSTEMS = {"triclinic": triclinic, "small_cell": small_cell, "slab": slab, "two_systems": two_systems}
+KEYS = ("energy", "energies", "forces", "stress")
+
+
+def lj(cutoff=7.0):
+    return LennardJones(epsilon={18: 0.0104, 36: 0.014}, sigma={18: 3.4, 36: 3.6}, cutoff=cutoff)
+
+
+def _pair(model, skin=0.5, backend="aot_eager", headroom=1.2):
+    eager = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=skin))
+    compiled = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=skin, compile=True,
+                                                    compile_backend=backend, compile_headroom=headroom))
+    return eager, compiled
+
+
+def _assert_equal(got, want, tol=1e-10):
+    for key in KEYS:
+        if key in want:
+            scale = max(float(want[key].detach().abs().max()), 1e-300)
+            diff = float((got[key] - want[key]).detach().abs().max())
+            assert got[key].shape == want[key].shape and diff <= tol * scale, (key, diff, scale)
+
+
+# ---- padding (no compile) ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(SYSTEMS))
+def test_padding_rows_change_nothing(name):
+    """Padding atoms in their own system and null edges give the eager model the same
+    energy, per-atom energies, forces and stress on the real rows."""
+    model = lj()
+    batch = SYSTEMS[name](species=(18, 36))
+    attach_neighbors(batch, model.cutoff + 0.5)
+    want = model(batch, compute_stress=True)
+    caps = Caps(batch.num_atoms + 5, batch.neighbors.num_edges + 123)
+    padded = pad_to_caps(batch, caps, reach=model.cutoff + 0.5)
+    assert padded.num_atoms == caps.atoms and padded.neighbors.num_edges == caps.edges
+    assert padded.num_systems == batch.num_systems + 1 and padded.neighbors.padded
+    got = unpad_outputs(model(padded, compute_stress=True), caps.atoms, batch.num_atoms, batch.num_systems)
+    _assert_equal(got, want, tol=1e-13)
+
+
+def test_caps_refuse_what_does_not_fit():
+    batch = triclinic()
+    attach_neighbors(batch, 7.5)
+    with pytest.raises(InputError, match="do not fit"):
+        pad_to_caps(batch, Caps(batch.num_atoms, batch.neighbors.num_edges), reach=7.5)  # no padding atom
+
+
+# ---- compiled == eager ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(SYSTEMS))
+def test_compiled_lj_equals_eager(name):
+    eager, compiled = _pair(lj())
+    a_batch = eager.partition(SYSTEMS[name](species=(18, 36)))
+    b_batch = compiled.partition(SYSTEMS[name](species=(18, 36)))
+    for stress in (True, False, True):
+        _assert_equal(compiled(b_batch, compute_stress=stress), eager(a_batch, compute_stress=stress))
+    stats = compiled.compile_stats
+    assert stats["compiles"] == 2 and stats["checks"] == 2, stats  # one per stress flag, each checked once
+    assert stats["graphs"] == 2, stats  # one whole graph each: no graph break in LJ
+
+
+def test_compiled_mace_equals_eager():
+    pytest.importorskip("mace")
+    from mlipdd_mace.testing import random_mace
+    from mlipdd_mace.wrapper import MACEWrapper
+
+    model = MACEWrapper(random_mace(elements=(18, 36), r_max=5.0, channels=8, max_ell=2, correlation=2))
+    eager, compiled = _pair(model)
+    batch = triclinic(species=(18, 36), reps=4)
+    a_batch, b_batch = eager.partition(batch), compiled.partition(batch)
+    generator = torch.Generator().manual_seed(2)
+    for step in range(3):
+        _assert_equal(compiled(b_batch, compute_stress=True), eager(a_batch, compute_stress=True))
+        kick = 0.05 * torch.randn(a_batch.positions.shape, generator=generator, dtype=torch.float64)
+        a_batch.node["positions"] = a_batch.positions + kick
+        b_batch.node["positions"] = b_batch.positions + kick
+    assert compiled.compile_stats["compiles"] == 1, compiled.compile_stats
+
+
+def test_compiled_lj_inductor_equals_eager():
+    """The default backend (C++ code on CPU): the one test that pays inductor's build."""
+    eager, compiled = _pair(lj(), backend="inductor")
+    batch = small_cell(species=(18, 36), reps=3)
+    a_batch, b_batch = eager.partition(batch), compiled.partition(batch)
+    _assert_equal(compiled(b_batch, compute_stress=True), eager(a_batch, compute_stress=True))
+    assert compiled.compile_stats["backend"] == "inductor" and compiled.compile_stats["compiles"] == 1
+
+
+# ---- MD: rebuilds without recompiling, larger caps when outgrown ---------------------------
+
+
+def test_compiled_md_rebuilds_without_recompiling():
+    """A hot LJ box rebuilds its list many times; the compiled model follows the eager
+    trajectory to 1e-10 and compiles at most twice after the first call."""
+    eager, compiled = _pair(lj(), skin=0.3)
+    batch = triclinic(species=(18, 36))
+    owned, mirror = eager.partition(batch), compiled.partition(batch)
+    velocities = 0.02 * torch.randn(owned.positions.shape, generator=torch.Generator().manual_seed(1),
+                                    dtype=torch.float64)
+    for _, _, a, b in graphed_vs_eager_md(eager, compiled, owned, mirror, velocities, steps=60, dt=0.2):
+        _assert_equal(b, a)
+    assert eager.strategy.rebuilds >= 4, eager.strategy.rebuilds
+    assert compiled.compile_stats["recompiles"] <= 2, compiled.compile_stats
+
+
+def test_caps_grow_when_outgrown():
+    """Squeezing the box 20% doubles the edges past the caps: larger caps, one recompile,
+    still equal to eager; never a crash."""
+    eager, compiled = _pair(lj(), headroom=1.05)
+    batch = small_cell(species=(18, 36), reps=3)
+    owned, mirror = eager.partition(batch), compiled.partition(batch)
+    for squeeze, compiles in ((1.0, 1), (0.99, 1), (0.8, 2)):
+        for b in (owned, mirror):
+            b.system["cell"] = batch.cell * squeeze
+            b.node["positions"] = (batch.positions * squeeze)[b.atom_ids]
+        _assert_equal(compiled(mirror, compute_stress=True), eager(owned, compute_stress=True))
+        assert compiled.compile_stats["compiles"] == compiles, (squeeze, compiled.compile_stats)
+
+
+# ---- the first rule: a compiled path that differs is caught ------------------------------
+
+
+class _DiffersWhenCompiled(LennardJones):
+    """A wrapper written wrongly on purpose: it scales its energies under torch.compile."""
+
+    def atomic_energies(self, batch, positions, cell):
+        energies = super().atomic_energies(batch, positions, cell)
+        return energies * 1.001 if torch.compiler.is_compiling() else energies
+
+
+def test_compiled_that_differs_from_eager_is_refused():
+    model = _DiffersWhenCompiled(epsilon=0.0104, sigma=3.4, cutoff=7.0)
+    compiled = DistributedModel(model, DomainConfig(cutoff=7.0, compile=True, compile_backend="aot_eager"))
+    owned = compiled.partition(small_cell())
+    with pytest.raises(RuntimeError, match="compiled energy differs from the eager one.*compile=False"):
+        compiled(owned)
+
+
+def test_new_atomic_numbers_are_checked_again():
+    """Integer inputs are not in dynamo's guards: new atomic numbers mean a new eager check."""
+    model = lj()
+    batch = small_cell(species=(18, 36), reps=3)
+    attach_neighbors(batch, model.cutoff)
+    call = CompiledForceCall(lambda b, s: model(b, compute_stress=s), lambda b, s: model(b, compute_stress=s),
+                             reach=model.cutoff, backend="aot_eager")
+    call(batch)
+    call(batch)
+    assert call.checks == 1
+    batch.node["atomic_numbers"] = torch.where(batch.atomic_numbers == 18, 36, 18)
+    _assert_equal(call(batch), model(batch))
+    assert call.checks == 2 and call.compiles == 1
+
+
+# ---- refusals ----------------------------------------------------------------------------
+
+
+def test_compile_refusals():
+    with pytest.raises(InputError, match="choose one"):
+        DomainConfig(cutoff=7.0, compile=True, cuda_graph=True)
+    with pytest.raises(InputError, match="strategy='halo' at one rank"):
+        DomainConfig(cutoff=7.0, compile=True, strategy="sharded")
+    with pytest.raises(InputError, match="compile_headroom"):
+        DomainConfig(cutoff=7.0, compile=True, compile_headroom=0.9)
+
+
+def _refused_on_rank(rank, world_size):
+    try:
+        DistributedModel(lj(), DomainConfig(cutoff=7.0, compile=True, compile_backend="aot_eager"))
+    except InputError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_compile_refused_on_every_rank_of_several(world_size):
+    for message in run_ranks(_refused_on_rank, world_size):
+        assert message is not None and "ONE rank" in message and "compile=False" in message, message

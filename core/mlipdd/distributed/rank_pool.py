@@ -257,13 +257,19 @@ def rank_context(model, backend: str):
     fresh interpreter per rank, since a package imported in the server may have touched
     the CUDA driver, which a forked child cannot use then. Never a plain fork of this
     process: it may hold threads (and CUDA) that a fork would copy. Either way each rank
-    imports the main program (see `mlipdd.distributed.main_guard`)."""
+    imports the main program (see `mlipdd.distributed.main_guard`).
+
+    The server is one per process and shared with `mlipdd.testing.spawn`: the first pool
+    (or test run) that starts it fixes what it preloads, so a later pool of another model
+    family imports its packages in each rank. ``MLIPDD_SPAWN_PRELOAD`` (comma-separated
+    modules, e.g. ``mace.modules``) adds modules to the first start, as the test suite does."""
     import multiprocessing
 
     if backend == "nccl":
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
     modules = ["torch", "mlipdd.distributed.rank_worker", "mlipdd.distributed.model"]
+    modules += [m for m in os.environ.get("MLIPDD_SPAWN_PRELOAD", "").split(",") if m]
     for part in (model, getattr(model, "model", None)):  # the wrapper and what it wraps
         module = type(part).__module__ if part is not None else ""
         if module and module not in ("builtins", "__main__") and not module.startswith("torch."):

@@ -37,7 +37,7 @@ PINNED = [
     "scatter_mean_as_sums",
     "index_reduce_refused",
     "adjacency_as_scatter",
-    "sharded_row_count",
+    "row_count",
     "sharded_gather",
     "sharded_scatter",
     "sharded_per_system_reduce",
@@ -223,4 +223,5 @@ def test_shard_modules_import_without_a_cycle_and_nothing_on_the_hot_path():
     for module in graph:
         visit(module, [module])
     assert not _shard_imports(SHARD / "tensor.py")[1], "tensor.py imports inside a function"
-    assert graph["tensor"] <= {"registry", "exchange", "layouts", "placement", "propagation", "gradients", "unseen"}
+    assert graph["tensor"] <= {"registry", "exchange", "layouts", "placement", "propagation", "gradients", "unseen",
+                               "counts"}

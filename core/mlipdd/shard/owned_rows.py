@@ -6,11 +6,11 @@ read of another rank's row only on a ShardTensor. A model written the ordinary w
 starts its state with ``torch.zeros(n_atoms, F)``: a plain tensor the dispatch never
 sees, so ``state[sender]`` would index past its end. Two pieces make it owned rows:
 
-1. `RowCount`: the leading size of a sharded ShardTensor, read through ``.shape`` or
+1. `RowCount`: the leading size of sharded owned atom rows, read through ``.shape`` or
    ``.size()`` (``batch.num_atoms`` included), is an ``int`` that remembers the layout
-   it counts (rule ``sharded_row_count``). Arithmetic on it gives a plain int again, so
-   only the count itself carries the layout (``len()`` and ``int()`` give plain ints:
-   Python converts their results).
+   it counts (rule ``row_count``, `mlipdd.shard.counts`). Arithmetic on it gives a
+   plain `LocalCount`, so only the count itself carries the layout (``len()`` and
+   ``int()`` give plain ints: Python converts their results).
 2. `owned_rows_scope`: while the sharded forward runs, a factory (``torch.zeros``,
    ``ones``, ``empty``, ``full``, ``rand``, ``randn``, ``Tensor.new_*``, and
    ``expand`` / ``broadcast_to`` of a plain tensor) whose leading size is a `RowCount`
@@ -35,61 +35,17 @@ import threading
 import traceback
 from collections.abc import Iterator
 from contextvars import ContextVar
-from typing import Self
 
 import torch
 
-from mlipdd.shard.layouts import Sharded
-from mlipdd.shard.registry import register
-from mlipdd.shard.tensor import ShardMeta, ShardTensor
+from mlipdd.shard.counts import RowCount
+from mlipdd.shard.tensor import PATCHED, ShardMeta, ShardTensor
 
 __all__ = ["RowCount", "UninferredRowsError", "owned_rows_scope"]
 
 
-class RowCount(int):
-    """This rank's number of owned atom rows, remembering their layout (NOTE [row counts])."""
-
-    meta: ShardMeta
-
-    def __new__(cls, value: int, meta: ShardMeta) -> Self:
-        count = super().__new__(cls, value)
-        count.meta = meta
-        return count
-
-    def __reduce__(self):
-        return int, (int(self),)  # pickled (sent, saved) as the plain number
-
-
 class UninferredRowsError(IndexError):
     """A plain tensor with this rank's owned row count was read at another rank's row."""
-
-
-# ---- 1. counts that remember their layout ---------------------------------------------
-_SHAPE = torch.Tensor.shape.__get__
-_COUNTS = (_SHAPE, torch.Tensor.size)
-
-
-def _counts_sharded_rows(func, meta, args, kwargs) -> bool:
-    x = args[0] if args else None
-    return isinstance(x, ShardTensor) and x._meta.layout.is_sharded()
-
-
-@register(Sharded, *_COUNTS, name="sharded_row_count", predicate=_counts_sharded_rows)
-def sharded_row_count(func, meta, args, kwargs):
-    """The leading size of owned rows as a RowCount (factories given it make owned rows)."""
-    x = args[0]
-    with torch._C.DisableTorchFunctionSubclass():
-        out = func(*args, **kwargs)
-        ndim = x.dim()
-    n_owned = x._meta.n_owned
-    if isinstance(out, torch.Size):
-        if ndim and out[0] == n_owned:
-            return torch.Size((RowCount(out[0], x._meta), *out[1:]))
-        return out
-    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
-    if ndim and dim in (0, -ndim) and out == n_owned:
-        return RowCount(out, x._meta)
-    return out
 
 
 # ---- 2. factories inside the forward ----------------------------------------------------
@@ -154,7 +110,6 @@ def _owned_rows_factory(original, skip: int):
             scope.remember()
         return out
 
-    factory.__wrapped_by_mlipdd__ = original
     return factory
 
 
@@ -175,7 +130,10 @@ def _install() -> None:
         targets += [(torch.Tensor, name, 1) for name in _TENSOR_METHODS]
         for owner, name, skip in targets:
             _SAVED.append((owner, name, owner.__dict__.get(name)))
-            setattr(owner, name, _owned_rows_factory(getattr(owner, name), skip))
+            original = getattr(owner, name)
+            wrapper = _owned_rows_factory(original, skip)
+            setattr(owner, name, wrapper)
+            PATCHED[wrapper] = original  # NOTE [patched methods] in mlipdd.shard.tensor
 
 
 def _uninstall() -> None:
@@ -191,6 +149,7 @@ def _uninstall() -> None:
             else:
                 setattr(owner, name, saved)
         _SAVED.clear()
+        PATCHED.clear()
 
 
 def _is_row_index_error(exc: BaseException, scope: _Scope) -> bool:

@@ -24,6 +24,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
+from mlipdd.shard.counts import refuse_count_values
 from mlipdd.shard.placement import Opaque, Rows, describe, placement_of
 
 __all__ = ["PROPAGATE", "NoRuleError", "declare_row_local", "output_placement"]
@@ -93,6 +94,7 @@ def _row_args(args, kwargs):
 
 # ---- pointwise: rows stay where they are (broadcast from the right) -------------------------
 def pointwise(func, args, kwargs, out):
+    refuse_count_values(func, args, kwargs, out)  # NOTE [counts are sizes]
     rows = _row_args(args, kwargs)
     ndim = out.dim() if isinstance(out, torch.Tensor) else None
     if ndim is None:
@@ -804,7 +806,7 @@ PROPAGATE[torch.broadcast_tensors] = _broadcast_tensors
 def output_placement(func, args, kwargs, out):
     """The placement(s) of ``func``'s result, or NoRuleError; called only when ``func``
     has rows among its arguments and no dispatch rule."""
-    rule = PROPAGATE.get(getattr(func, "__wrapped_by_mlipdd__", func))  # owned_rows' factory wrappers
+    rule = PROPAGATE.get(func)
     if rule is None:
         rows = _row_args(args, kwargs)
         name, _, place = rows[0]

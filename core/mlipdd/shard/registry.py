@@ -50,9 +50,11 @@ PRECEDENCE: list[str] = [
     "scatter_mean_as_sums",
     "index_reduce_refused",
     "adjacency_as_scatter",
+    # the size of a rows dimension: a count that is refused as a value (every layout;
+    # `mlipdd.shard.counts`); under sharded storage factories make owned rows of it
+    "row_count",
     # sharded storage: owned rows only. A node scatter is tried before a per-system one
     # (the strategy refuses the layouts where the two have the same number of rows).
-    "sharded_row_count",
     "sharded_gather",
     "sharded_scatter",
     "sharded_per_system_reduce",

@@ -19,6 +19,7 @@ import torch
 
 from mlipdd.shard import gradients as partial
 from mlipdd.shard import registry, unseen
+from mlipdd.shard.counts import refuse_count_values
 from mlipdd.shard.exchange import ExchangePlan, halo_fill
 from mlipdd.shard.layouts import HALO, Layout, Replicated
 from mlipdd.shard.placement import ATOMS, EDGES, Rows, tensor_args
@@ -75,6 +76,14 @@ class ShardMeta:
 class DroppedScatterResultError(RuntimeError):
     """An in-place scatter's return value was dropped under domain decomposition."""
 
+
+# NOTE [patched methods]
+# While a sharded forward runs, `mlipdd.shard.owned_rows` replaces a few factories and
+# methods (``Tensor.expand``, ``Tensor.new_zeros``) by wrappers; torch then hands the
+# WRAPPER to ``__torch_function__`` (it looks the method up on the class by name), so a
+# rule keyed on ``Tensor.expand`` would never fire (a replicated global state expanded to
+# the atoms got no cross-rank gradient: forces 26 % off). The dispatch sees the original.
+PATCHED: dict = {}  # wrapper -> the torch function it wraps, while the wrappers are installed
 
 # Accumulators whose in-place scatter was answered with a new tensor (see `poison`),
 # keyed by id (tensor ``==`` is elementwise, so no WeakSet) with a weakref to the object.
@@ -191,6 +200,8 @@ class ShardTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if PATCHED:  # NOTE [patched methods]
+            func = PATCHED.get(func, func)
         if _STALE:
             _check_stale(args, kwargs)
         # NOTE [partial rows]: only linear row-wise ops take a gradient by halo atom rows
@@ -222,6 +233,8 @@ class ShardTensor(torch.Tensor):
                 output_placement(func, args, kwargs, out)  # refuses rows written into a plain tensor
             return out
         if meta.layout.is_replicated() or not meta.layout.is_checked():
+            if meta.layout.is_replicated() and meta.as_rows().layout.is_checked():
+                refuse_count_values(func, args, kwargs, out)  # NOTE [counts are sizes]
             return promote(out, meta)
         # NOTE [refuse by default]: rows without a rule get a placement, or the op is refused
         return promote(out, meta, output_placement(func, args, kwargs, out))

@@ -1,14 +1,12 @@
-"""Rows computed where the dispatch could not see them: what is refused, and what validation must catch.
+"""Rows computed where the dispatch could not see them: what is refused.
 
 # NOTE [unseen computation]
 Two ways a model computes on rows without `ShardTensor.__torch_function__` seeing it:
 
 * a TorchScript function (``@torch.jit.script``, as schnetpack and matgl write their
-  scatter helpers) runs on the plain data and returns a PLAIN tensor, so a scatter in
-  it summed this rank's rows alone. Telling that plain result from a plain tensor the
-  model may mix with rows (a strain, a weight expanded per row) takes its row count or
-  a walk of autograd's graph, both guesses (a 3 x 3 strain on a rank with 3 atom rows);
-  so the dispatch does not try, and `mlipdd validate` catches it on its default sample.
+  scatter helpers) runs on the plain data and returns a PLAIN tensor; inside a
+  distributed forward it runs as the Python it was scripted from instead, and a method
+  of a scripted module is refused (NOTE [scripted functions] in `mlipdd.shard.scripted`);
 * an ``autograd.Function`` with a hand-written backward: its forward runs under the
   dispatch (so the forward values are exact) but with grad mode off, and its backward
   runs in the autograd engine, outside it. A rule that moves values across rows (a
@@ -17,7 +15,7 @@ Two ways a model computes on rows without `ShardTensor.__torch_function__` seein
   attached a hand-written backward to it, which would miss the other ranks' shares.
   (Under ``torch.no_grad()`` the result needs no gradient and stays usable.)
 
-That one raises `NoRuleError`, on every rank through ``fail_together``.
+The second raises `NoRuleError`, on every rank through ``fail_together``.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ spatial ownership composes: `HaloStrategy` hands the model ``[owned | ghost]`` r
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,7 @@ from mlipdd.shard import ShardMeta, ShardTensor, halo_accumulate
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows, pad
 from mlipdd.shard.layouts import layout_for
 from mlipdd.shard.placement import SYSTEM_INDEX, placement_of
+from mlipdd.shard.scripted import script_functions_dispatched
 from mlipdd.shard.tensor import neighbors_as_edge_rows
 from mlipdd.strategy.balance import LoadBalance
 from mlipdd.strategy.base import Strategy
@@ -267,8 +269,12 @@ class HaloStrategy(SpatialStrategy):
         policy = spec.distribution.policy
         self.halo.ghosts_on_uncut_axes = policy.is_halo() and policy.builds_own_graph
 
+    @contextlib.contextmanager
     def model_scope(self, meta: ShardMeta):
-        return self.halo.balance.timing()  # the force time balance="time" measures
+        """Script functions called on rows run under the dispatch (NOTE [scripted functions]
+        in mlipdd.shard.scripted); balance="time" times the call."""
+        with script_functions_dispatched(), self.halo.balance.timing():
+            yield
 
     def model_batch(self, batch: Batch, spec) -> tuple[Batch, ShardMeta]:
         """The batch the model sees: ``[owned | ghost]`` rows, positions as a ShardTensor."""

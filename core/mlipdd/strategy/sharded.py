@@ -34,6 +34,7 @@ from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows
 from mlipdd.shard.layouts import layout_for
 from mlipdd.shard.owned_rows import owned_rows_scope
 from mlipdd.shard.placement import SYSTEM_INDEX
+from mlipdd.shard.scripted import script_functions_dispatched
 from mlipdd.shard.tensor import neighbors_as_edge_rows
 from mlipdd.strategy.halo import HaloState, SpatialStrategy, exchange_counts, model_inputs
 from mlipdd.strategy.kinds import StrategyKind
@@ -100,8 +101,10 @@ class ShardedStrategy(SpatialStrategy):
     @contextlib.contextmanager
     def model_scope(self, meta: ShardMeta):
         """Per-atom tensors the model creates from the atom count are owned rows too
-        (NOTE [row counts] in mlipdd.shard.owned_rows); balance="time" times the call."""
-        with owned_rows_scope(meta), self.halo.balance.timing():
+        (NOTE [row counts] in mlipdd.shard.owned_rows), script functions called on rows run
+        under the dispatch (NOTE [scripted functions] in mlipdd.shard.scripted);
+        balance="time" times the call."""
+        with owned_rows_scope(meta), script_functions_dispatched(), self.halo.balance.timing():
             yield
 
     def consolidate(self, outputs: dict, meta: ShardMeta, spec, autograd_outputs) -> dict:

@@ -180,10 +180,11 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
         build_dynamics,
         build_model,
         default_hooks,
+        domain_config,
+        force_call_summary,
         prepare_system,
     )
     from mlipdd.comm import broadcast_object, check_together, compute_on_rank0
-    from mlipdd.distributed.config import DomainConfig
     from mlipdd.distributed.domain_parallel import DomainParallel
 
     rank = manager.rank
@@ -202,14 +203,8 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
     model = check_together(build_model, cfg)
     hooks = default_hooks(cfg, thermo_stream)
     dynamics = build_dynamics(cfg, model)
-    config = check_together(
-        DomainConfig,
-        cutoff=model.cutoff,
-        skin=cfg.skin,
-        strategy=None if cfg.strategy == "auto" else cfg.strategy,
-        grid=tuple(cfg.grid) if cfg.grid else None,
-        balance=cfg.balance,
-    )
+    # with --cuda-graph / --compile too: DistributedModel refuses them at several ranks by name
+    config = check_together(domain_config, cfg, model)
     with DomainParallel(dynamics, config, cfg.steps, hooks, spec=_default_spec(model, config)) as dp:
         # a restart partitions the checkpoint's system over this run's ranks, any number
         if cfg.restart:
@@ -237,6 +232,7 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
         strategy_used = dp.model.config.strategy_name  # "auto" resolved by the model
         summary["neighbor_list_builds"] = dp.strategy.rebuilds
         summary["load_imbalance"] = dp.model.load_imbalance
+        summary.update(force_call_summary(dp.model))
     if rank != 0:
         return None
     conserved = end.num_atoms == full.num_atoms and torch.equal(

@@ -85,6 +85,10 @@ class RunConfig:
     checkpoint: str | None = None  # write the full state here (also when stopped by a signal)
     checkpoint_every: int = 1000
     balance: str | None = None  # None: uniform cut planes; "count" / "time": see DomainConfig
+    # the force call at one rank (mlipdd.distributed.DomainConfig): replayed from a CUDA graph,
+    # or compiled with this torch.compile backend ("inductor", "aot_eager"); None: eager
+    cuda_graph: bool = False
+    compile: str | None = None
 
     def with_defaults(self) -> RunConfig:
         """Unset settings (None) that do not depend on the system filled with `UNSET_DEFAULTS`."""
@@ -136,7 +140,19 @@ class RunConfig:
         if self.progress not in ("auto", "on", "off"):
             raise InputError(f"progress must be auto, on or off, got {self.progress!r}")
         check_device(self.device)
+        self._check_force_call()
         return self
+
+    def _check_force_call(self) -> None:
+        if self.cuda_graph and self.compile:
+            raise InputError("--cuda-graph and --compile: choose one (a CUDA graph replays the eager "
+                             "force call; compile fuses its kernels)")
+        for flag, on in (("--cuda-graph", self.cuda_graph), ("--compile", self.compile)):
+            if on and int(self.nproc) > 1:
+                raise InputError(f"{flag} runs at one rank; this run asks for --nproc {self.nproc}: "
+                                 f"drop {flag} with several ranks (their force call runs eagerly)")
+        if self.compile is not None and not self.compile:
+            raise InputError("compile must name a torch.compile backend (inductor, aot_eager) or be left out")
 
     def resolved_device(self) -> torch.device:
         if self.device == "auto":
@@ -276,6 +292,8 @@ def _run(cfg: RunConfig, thermo_stream) -> dict[str, Any]:
     # the settings first: the model of a restart is the checkpoint's
     cfg, batch, checkpoint = prepare_system(cfg)
     model = build_model(cfg)
+    if cfg.cuda_graph or cfg.compile:
+        return _run_one_rank(cfg, model, batch, thermo_stream)
     hooks = default_hooks(cfg, thermo_stream)
     dyn = build_dynamics(cfg, model, hooks)
     if checkpoint is not None:
@@ -298,6 +316,66 @@ def _run(cfg: RunConfig, thermo_stream) -> dict[str, Any]:
         if isinstance(hook, ThermoLogger):
             hook.close()
     return _summary(cfg, dyn, batch, hooks[0].records, wall, start_energy, end_energy, first_step)
+
+
+def domain_config(cfg: RunConfig, model):
+    """The `DomainConfig` of a run: its strategy, grid, balance and force-call settings."""
+    from mlipdd.distributed.config import DomainConfig
+
+    return DomainConfig(
+        cutoff=model.cutoff,
+        skin=cfg.skin,
+        strategy=None if cfg.strategy == "auto" else cfg.strategy,
+        grid=tuple(cfg.grid) if cfg.grid else None,
+        balance=cfg.balance,
+        cuda_graph=bool(cfg.cuda_graph),
+        compile=cfg.compile is not None,
+        **({"compile_backend": cfg.compile} if cfg.compile else {}),
+    )
+
+
+def _run_one_rank(cfg: RunConfig, model, batch: Batch, thermo_stream, adjust=None) -> dict[str, Any]:
+    """A graphed or compiled force call: `DomainParallel` at one rank (no process group),
+    which owns the neighbour list and hands the model plain tensors (NOTE [one rank]).
+    ``adjust(distributed_model)`` before the first call (the CPU tests swap the CUDA
+    capture for `mlipdd.testing.graph_replay.with_eager_replay`)."""
+    from mlipdd.distributed.domain_parallel import DomainParallel
+
+    hooks = default_hooks(cfg, thermo_stream)
+    dyn = build_dynamics(cfg, model)
+    with DomainParallel(dyn, domain_config(cfg, model), cfg.steps, hooks) as dp:
+        if adjust is not None:
+            adjust(dp.model)
+        if cfg.restart:
+            from mlipdd.app.restart import settings_differences_as_notes
+
+            with settings_differences_as_notes():
+                owned = dp.restore(cfg.restart)
+        else:
+            owned = dp.partition(batch)
+        dyn.setup(owned)  # first force evaluation (and the compile or capture) outside the timing
+        first_step = dyn.step_count
+        start_energy = dyn.conserved_energy().sum().item()
+        _sync(owned.device)
+        start = time.perf_counter()
+        dp.run()
+        _sync(owned.device)
+        wall = time.perf_counter() - start
+        end_energy = dyn.conserved_energy().sum().item()
+        summary = _summary(cfg, dyn, owned, hooks[0].records, wall, start_energy, end_energy, first_step)
+        summary["neighbor_list_builds"] = dp.strategy.rebuilds
+        summary.update(force_call_summary(dp.model))
+    return summary
+
+
+def force_call_summary(distributed) -> dict[str, Any]:
+    """Which force call ran (eager, CUDA graph, compiled) and its counters, for the summary."""
+    stats = distributed.compile_stats
+    if stats is not None:
+        return {"force_call": f"compiled ({stats['backend']})", "compile": stats}
+    if distributed.config.cuda_graph:
+        return {"force_call": "cuda graph", "cuda_graph_captures": distributed.cuda_graph_captures}
+    return {"force_call": "eager"}
 
 
 def stopped_message(cfg: RunConfig, stopped) -> str:

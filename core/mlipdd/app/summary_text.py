@@ -14,7 +14,22 @@ from typing import Any
 def format_summary(summary: Mapping[str, Any]) -> str:
     s = summary
     body = _relaxation_lines(s) if "converged" in s else _md_lines(s)
-    return "\n".join([*body, *_distributed_lines(s)])
+    return "\n".join([*body, *_force_call_lines(s), *_distributed_lines(s)])
+
+
+def _force_call_lines(s: Mapping[str, Any]) -> list[str]:
+    """Which force call ran (set by runs through DomainParallel), with its counters."""
+    if "force_call" not in s:
+        return []
+    line = f"  force call   {s['force_call']}"
+    stats = s.get("compile")
+    if stats:
+        line += (f": {stats['compiles']} compile(s), {stats['recompiles']} after the first, "
+                 f"{stats['compile_seconds']:.1f} s compiling, caps {stats['caps']} (atoms, edges), "
+                 f"{stats['checks']} eager check(s)")
+    elif "cuda_graph_captures" in s:
+        line += f": {s['cuda_graph_captures']} capture(s)"
+    return [line]
 
 
 def _md_lines(s: Mapping[str, Any]) -> list[str]:

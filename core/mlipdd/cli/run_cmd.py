@@ -145,6 +145,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "preferred one (MACE, AIMNet2: sharded; others: halo)")
     add("--balance", choices=("count", "time"), default=s,
         help="move the cut planes at rebuilds: even atom counts, or even measured force time (CPU)")
+    add("--cuda-graph", action="store_true", default=s,
+        help="one rank on a CUDA device: replay the force call from a CUDA graph (small and "
+        "medium systems, where kernel launches dominate)")
+    add("--compile", nargs="?", const="inductor", default=s, metavar="BACKEND",
+        help="one rank: run the force call through torch.compile (BACKEND default inductor; "
+        "aot_eager traces without generating code), padded to caps so list rebuilds do not recompile")
     add("--grid", type=_grid, default=s, metavar="GX,GY,GZ", help="rank grid (default: least halo)")
     add("--checkpoint", default=s, metavar="PATH", help="write the full state here every "
         "--checkpoint-every steps, at the end, and when stopped by SIGTERM/SIGHUP/Ctrl-C")

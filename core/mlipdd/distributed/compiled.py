@@ -46,6 +46,9 @@ __all__ = ["Caps", "CompiledForceCall", "pad_to_caps", "unpad_outputs"]
 
 ForceCall = Callable[[Batch, bool], dict]
 PER_SYSTEM = frozenset({"energy", "stress", "virial"})
+# outputs an integrator keeps in the batch: no model reads them, and a field that comes
+# and goes would change the compiled call's inputs (a recompile)
+OUTPUT_FIELDS = frozenset({"energy", "stress", "virial", "forces", "energies"})
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-3}
 RECOMPILE_LIMIT = 256  # dynamo's per-code cache; hitting it raises (fail_on_recompile_limit_hit)
 
@@ -77,8 +80,8 @@ class CompiledForceCall:
     edges are longer). ``backend``: a ``torch.compile`` backend (``"inductor"``; the
     cheaper ``"aot_eager"`` traces the same graphs without generating code).
 
-    Counters: ``compiles`` (distinct shapes compiled), ``recompiles`` (those after the
-    first), ``graphs`` (graphs the backend compiled, graph breaks included), ``checks``
+    Counters: ``compiles`` (calls that compiled a graph: new caps, the other stress flag),
+    ``recompiles`` (those after the first), ``graphs`` (graphs the backend compiled, graph breaks included), ``checks``
     (eager comparisons), ``compile_seconds`` (wall time of the calls that compiled).
     """
 
@@ -98,7 +101,7 @@ class CompiledForceCall:
         self.checks = 0
         self.compile_seconds = 0.0
         self._keys: set[tuple] = set()
-        self._structure: dict[str, tuple[torch.Tensor, int]] = {}
+        self._structure: dict[str, tuple[torch.Tensor, int, torch.Tensor]] = {}
         self._compiled = torch.compile(self._padded_call, backend=self._counting_backend, dynamic=False)
 
     @property
@@ -121,19 +124,22 @@ class CompiledForceCall:
         with torch._dynamo.config.patch(trace_autograd_ops=True, recompile_limit=RECOMPILE_LIMIT,
                                         fail_on_recompile_limit_hit=True):
             outputs = self._compiled(padded, compute_stress)
-        if new_shapes:
-            if self.graphs == graphs_before:
-                raise RuntimeError(
-                    "DomainConfig(compile=True): torch.compile produced no graph for new shapes "
-                    f"{self.caps} (it ran the force call eagerly); report this with the model, or run "
-                    "with compile=False"
-                )
-            self._keys.add(key)
+        # new shapes that reach no new graph passed the guards of an old one (they differ in
+        # a field the model does not read): that graph is valid for them, and checked below
+        compiled_now = self.graphs > graphs_before
+        if self.graphs == 0:
+            raise RuntimeError(
+                "DomainConfig(compile=True): torch.compile produced no graph (it ran the force call "
+                "eagerly, e.g. under torch._dynamo.disable); run with compile=False or call the "
+                "model outside what disables dynamo"
+            )
+        if compiled_now:
             self.compiles += 1
             self.compile_seconds += time.perf_counter() - start
+        self._keys.add(key)
         result = unpad_outputs(outputs, self.caps.atoms, atoms, batch.num_systems)
         structure_changed = self._structure_changed(batch)  # always: it also remembers what it saw
-        if self.check_eager and (new_shapes or structure_changed):
+        if self.check_eager and (new_shapes or compiled_now or structure_changed):
             self._compare_with_eager(batch, compute_stress, result)
         return result
 
@@ -147,15 +153,18 @@ class CompiledForceCall:
         return torch._dynamo.lookup_backend(self.backend)(gm, example_inputs)
 
     def _structure_changed(self, batch: Batch) -> bool:
-        """Whether an integer input (atomic numbers, system index, ...) is a new tensor or
-        was modified in place since the last check: its values may differ (no device read)."""
+        """Whether an integer input (atomic numbers, system index, ...) has other values than
+        at the last call. A device read only when it is a new tensor or was modified in place
+        (at a rebuild), never in the steady state."""
         changed = False
         for name, value in batch.node.items():
             if torch.is_tensor(value) and not value.is_floating_point():
                 seen = self._structure.get(name)
-                if seen is None or seen[0] is not value or seen[1] != value._version:
+                if seen is not None and seen[0] is value and seen[1] == value._version:
+                    continue
+                if seen is None or not torch.equal(seen[2], value):
                     changed = True
-                    self._structure[name] = (value, value._version)
+                self._structure[name] = (value, value._version, value.clone())
         return changed
 
     def _compare_with_eager(self, batch: Batch, compute_stress: bool, result: dict) -> None:
@@ -187,6 +196,8 @@ def pad_to_caps(batch: Batch, caps: Caps, reach: float) -> Batch:
     device, dtype = batch.device, batch.dtype
     node = {}
     for name, value in batch.node.items():
+        if name in OUTPUT_FIELDS:
+            continue
         if not torch.is_tensor(value) or value.shape[:1] != (atoms,):
             node[name] = value
         elif name == "positions":
@@ -199,6 +210,8 @@ def pad_to_caps(batch: Batch, caps: Caps, reach: float) -> Batch:
             node[name] = torch.cat([value, value[:1].expand(extra, *value.shape[1:])])
     system = {}
     for name, value in batch.system.items():
+        if name in OUTPUT_FIELDS:
+            continue
         if not torch.is_tensor(value) or value.shape[:1] != (systems,):
             system[name] = value
         elif name == "cell":

@@ -114,3 +114,58 @@ def test_without_torch_sim_the_import_error_names_the_extra():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ("ImportError mlipdd.torchsim needs torch-sim (torch-sim-atomistic): "
                                   "pip install 'mlipdd[torchsim]'"), out.stdout + out.stderr
+
+
+def docstring_examples() -> list[str]:
+    """The code blocks of mlipdd.torchsim's docstring (the lines indented by four spaces)."""
+    import mlipdd.torchsim
+
+    blocks, current = [], []
+    for line in mlipdd.torchsim.__doc__.splitlines() + [""]:
+        if line.startswith("    "):
+            current.append(line[4:])
+        elif current and line.strip() == "":
+            continue
+        elif current:
+            blocks.append("\n".join(current))
+            current = []
+    return blocks
+
+
+def test_the_module_docstring_example_runs_on_the_installed_torch_sim():
+    """Was: the docstring used an API torch-sim no longer has (issue 24 item 7). Its first
+    block is torch-sim >= 0.4's (tox -e torchsim-py312 runs it, on 0.6), the second
+    replaces the runner calls by 0.3's (this suite on Python 3.11)."""
+    first, older = docstring_examples()[:2]
+    if not ENUM_API:
+        setup = first[: first.index("final = ")]
+        code = setup + older
+    else:
+        code = first
+    namespace: dict = {}
+    exec(compile(code, "mlipdd.torchsim docstring", "exec"), namespace)  # noqa: S102 - our own text
+    state, final, relaxed = namespace["state"], namespace["final"], namespace["relaxed"]
+    assert float((final.positions - state.positions).abs().max()) > 1e-4  # it moved
+    energy = lj_model()(batch_from_state(relaxed, torch.float64))["energy"]
+    assert float(energy) < float(lj_model()(batch_from_state(state, torch.float64))["energy"])
+
+
+def test_the_installed_torch_sim_is_the_one_the_extra_takes_on_this_python():
+    """The suite tests what `pip install 'mlipdd[torchsim]'` gives a user of this Python:
+    on 3.11 the newest release that installs there (0.3.0: 0.4.0-0.6.2 declare Requires-Python
+    >= 3.12 and use its generic syntax, `def integrate[T: SimState]`), on >= 3.12 the
+    current one (0.6)."""
+    from importlib.metadata import version
+    from pathlib import Path
+
+    import tomllib
+    from packaging.requirements import Requirement
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    extra = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]["torchsim"]
+    here = [r for r in map(Requirement, extra) if r.marker is None or r.marker.evaluate()]
+    assert len(here) == 1, extra
+    installed = version("torch-sim-atomistic")
+    assert here[0].specifier.contains(installed), (installed, str(here[0]))
+    assert ENUM_API == (sys.version_info >= (3, 12)), (installed, sys.version)
+

@@ -1,20 +1,30 @@
 """torch-sim adapter: `TorchSimModel` lets torch-sim's integrators and optimisers drive any
 mlipdd model (needs ``pip install 'mlipdd[torchsim]'``, i.e. torch-sim-atomistic).
 
+torch-sim 0.4 and later (0.6 is the current release; Python >= 3.12):
+
     import torch_sim as ts
+    from ase.build import bulk
+    from mlipdd.models import LennardJones
     from mlipdd.torchsim import TorchSimModel
 
-    model = TorchSimModel(my_wrapper)                 # or nproc=2 for domain decomposition
+    atoms = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(2)
+    model = TorchSimModel(LennardJones(epsilon=0.0104, sigma=3.4, cutoff=8.5))  # nproc=2: DD
     state = ts.initialize_state(atoms, device=model.device, dtype=model.dtype)
     final = ts.integrate(system=state, model=model, integrator=ts.Integrator.nvt_langevin,
-                         n_steps=100, temperature=300.0, timestep=0.002)
-    relaxed = ts.optimize(system=state, model=model, optimizer=ts.Optimizer.fire,
+                         n_steps=20, temperature=60.0, timestep=0.004)
+    relaxed = ts.optimize(system=state, model=model, optimizer=ts.Optimizer.fire, max_steps=50,
                           init_kwargs={"cell_filter": ts.CellFilter.unit})
 
-Versions: torch-sim 0.6 (the current release) needs Python >= 3.12; on Python 3.10/3.11 pip
-resolves 0.3, whose integrators and optimisers are plain functions (``ts.nvt_langevin``,
-``ts.unit_cell_fire``) instead of the enums above. The adapter is the same for both: it
-only implements ``ModelInterface.forward(state)``.
+torch-sim 0.3 (the newest release that installs on Python 3.11, what pip resolves there;
+0.4 and later use Python 3.12 syntax) has plain functions instead of the enums; the rest
+is the same:
+
+    final = ts.integrate(system=state, model=model, integrator=ts.nvt_langevin,
+                         n_steps=20, temperature=60.0, timestep=0.004)
+    relaxed = ts.optimize(system=state, model=model, optimizer=ts.unit_cell_fire, max_steps=50)
+
+The adapter is the same for both: it only implements ``ModelInterface.forward(state)``.
 
 Domain decomposition: with ``nproc=N`` every force call runs on N persistent ranks (the
 same machinery as `mlipdd.ase.MLIPDDCalculator`); torch-sim's state and integrator stay in

@@ -109,6 +109,29 @@ def test_node_energy_takes_the_chosen_heads_e0():
                                    rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("nproc", NPROCS)
+def test_a_molecule_without_a_cell_equals_mace_calculator(nproc, mace64, pool2):
+    """No cell, no pbc (issue 24 item 4): boxed in vacuum at nproc=2 (said in a warning),
+    energy, forces and per-atom energies as MACECalculator's; ASE's atoms untouched."""
+    import warnings
+
+    from ase.build import molecule
+
+    atoms = molecule("CH3CH2OH")
+    atoms.rattle(0.05, seed=2)
+    ref, got = theirs(mace64, atoms), ours(_calc(nproc, mace64, pool2), atoms)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        energy = got.get_potential_energy()
+    assert any("no periodic box given" in str(w.message) for w in said) == (nproc > 1)
+    assert energy == pytest.approx(ref.get_potential_energy(), abs=1e-12)
+    np.testing.assert_allclose(got.get_forces(), ref.get_forces(), rtol=0, atol=1e-12)
+    for name in ("energies", "node_energy"):
+        np.testing.assert_allclose(got.calc.results[name], ref.calc.results[name], rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(got.positions, atoms.positions)
+    assert not got.cell.any() and not got.pbc.any()
+
+
 def mace_volume(atoms, r_max=4.0) -> float:
     """The volume MACECalculator divides a slab's virial by: mace stretches each non-periodic
     cell vector to (max |position| + 1) * 5 * r_max (mace.data.neighborhood); ours is the

@@ -258,6 +258,21 @@ def test_cli_validate_ends_with_the_save_flag_not_python(capsys):
     assert not any("report.spec" in line for line in lines)
 
 
+def test_cli_validate_on_a_too_small_sample_says_so_last_in_shell_terms(capsys, tmp_path):
+    """A pass on a sample every rank sees whole is not conclusive: the last line says so and
+    gives the command without --system (was: 'save the spec', and a warning speaking Python,
+    'leave sample_batch out')."""
+    path = tmp_path / "spec.json"
+    assert main(["validate", "lj", "--model-arg", "epsilon=0.0104", "--model-arg", "sigma=3.4",
+                 "--system", "small_cell", "--save", str(path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert any(line.startswith("WARNING: sample too small") and "leave --system out" in line for line in lines)
+    assert lines[-1] == ("Next: the sample was too small to prove the model exact; validate on the default "
+                         "sample, sized to the model's cutoff: mlipdd validate lj --model-arg epsilon=0.0104 "
+                         f"--model-arg sigma=3.4 --save {path}")
+    assert not any("sample_batch" in line or "report.spec" in line for line in lines)
+
+
 def test_cli_unknown_model_is_one_line_of_bad_input(capsys):
     assert main(["validate", "no_such_model"]) == 2
     err = capsys.readouterr().err

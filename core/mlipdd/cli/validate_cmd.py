@@ -59,30 +59,36 @@ def _samples(args, model) -> list:
     return [AWKWARD_CELLS[args.system](species=tuple(args.species or (18,)))]
 
 
-def _split_next(summary: str, args: argparse.Namespace) -> tuple[str, str | None]:
+def _split_next(report, args: argparse.Namespace) -> tuple[str, str | None]:
     """The summary without its ``Next:`` line, and that line in shell terms: the report
-    speaks Python (``report.spec.save(...)``), the user here is at a shell, and the advice
-    belongs at the end, after the rank checks."""
+    speaks Python (``report.spec.save(...)``, ``sample_batch``), the user here is at a
+    shell, and the advice belongs at the end, after the rank checks."""
     from mlipdd.validate.report import SAVE_HINT
 
+    summary = report.summary().replace("leave sample_batch out", "leave --system out")
     lines = summary.splitlines()
     nexts = [i for i, line in enumerate(lines) if line.startswith("Next: ")]
     if not nexts:
         return summary, None
     advice = lines.pop(nexts[-1])
-    if SAVE_HINT in advice:
+    if SAVE_HINT in advice and report.warnings:  # passed, but on a sample too small to tell
+        advice = ("Next: the sample was too small to prove the model exact; validate on the default "
+                  f"sample, sized to the model's cutoff: {_command_with_save(args, keep_system=False)}")
+    elif SAVE_HINT in advice:
         advice = None if args.save else f"Next: save the spec: {_command_with_save(args)}"
     return "\n".join(lines), advice
 
 
-def _command_with_save(args: argparse.Namespace) -> str:
-    """This validation as a command line again, with ``--save``."""
+def _command_with_save(args: argparse.Namespace, keep_system: bool = True) -> str:
+    """This validation as a command line again, with ``--save`` (and without ``--system``
+    unless ``keep_system``)."""
+    system = args.system if keep_system else None
     words = ["mlipdd", "validate", args.model, *(f"--model-arg {a}" for a in args.model_arg)]
     for flag, value, default in (("--world-size", args.world_size, 2), ("--strategy", args.strategy, "halo"),
-                                 ("--system", args.system, None), ("--spec", args.spec, None)):
+                                 ("--system", system, None), ("--spec", args.spec, None)):
         if value != default:
             words.append(f"{flag} {value}")
-    return " ".join([*words, "--save", "model_spec.json"])
+    return " ".join([*words, "--save", args.save or "model_spec.json"])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     samples = _samples(args, model)
     report = trace_and_validate(factory, samples, world_size=args.world_size, spec=spec,
                                 max_attempts=args.max_attempts, device=args.device, strategy=args.strategy)
-    summary, advice = _split_next(report.summary(), args)
+    summary, advice = _split_next(report, args)
     print(summary)
     checks = rank_checks.run_all(factory, samples[0], max(2, args.world_size))
     if report.ok and args.save:

@@ -199,3 +199,16 @@ def _refused_on_rank(rank, world_size):
 def test_compile_refused_on_every_rank_of_several(world_size):
     for message in run_ranks(_refused_on_rank, world_size):
         assert message is not None and "ONE rank" in message and "compile=False" in message, message
+
+
+def test_each_compiled_call_has_its_own_graph_cache():
+    """Dynamo's recompile limit (8 per code object) is not shared between models: a
+    process that builds many compiled models compiles each (none runs eagerly, none fails)."""
+    model = lj()
+    batch = small_cell(reps=2)
+    attach_neighbors(batch, model.cutoff)
+    calls = [CompiledForceCall(lambda b, s: model(b, compute_stress=s), lambda b, s: model(b, compute_stress=s),
+                               reach=model.cutoff, backend="aot_eager") for _ in range(9)]
+    for call in calls:
+        _assert_equal(call(batch), model(batch))
+    assert [call.graphs for call in calls] == [1] * 9

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -50,7 +51,7 @@ PER_SYSTEM = frozenset({"energy", "stress", "virial"})
 # and goes would change the compiled call's inputs (a recompile)
 OUTPUT_FIELDS = frozenset({"energy", "stress", "virial", "forces", "energies"})
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-3}
-RECOMPILE_LIMIT = 256  # dynamo's per-code cache; hitting it raises (fail_on_recompile_limit_hit)
+RECOMPILE_LIMIT = 64  # graphs one CompiledForceCall may build; hitting it raises (fail_on_recompile_limit_hit)
 
 
 @dataclass(frozen=True)
@@ -101,8 +102,13 @@ class CompiledForceCall:
         self.checks = 0
         self.compile_seconds = 0.0
         self._keys: set[tuple] = set()
+        self._counts: tuple[torch.Tensor, int, torch.Tensor] | None = None
         self._structure: dict[str, tuple[torch.Tensor, int, torch.Tensor]] = {}
-        self._compiled = torch.compile(self._padded_call, backend=self._counting_backend, dynamic=False)
+        # NOTE [one cache per call]: dynamo keeps compiled graphs, and counts recompiles
+        # against its limit, per code object; a fresh copy of the function gives every
+        # CompiledForceCall its own (a process that builds many models never hits the limit
+        # through the others' graphs, and the graphs go with their CompiledForceCall)
+        self._compiled = torch.compile(_fresh_copy(_padded_call), backend=self._counting_backend, dynamic=False)
 
     @property
     def recompiles(self) -> int:
@@ -117,13 +123,13 @@ class CompiledForceCall:
             if self.caps is not None:  # never shrink: a recompile costs far more than the rows
                 grown = Caps(max(grown.atoms, self.caps.atoms), max(grown.edges, self.caps.edges))
             self.caps = grown
-        padded = pad_to_caps(batch, self.caps, self.reach)
+        padded = pad_to_caps(batch, self.caps, self.reach, counts=self._atoms_per_system(batch))
         key = _shape_key(padded, compute_stress)
         new_shapes = key not in self._keys
         graphs_before, start = self.graphs, time.perf_counter()
         with torch._dynamo.config.patch(trace_autograd_ops=True, recompile_limit=RECOMPILE_LIMIT,
                                         fail_on_recompile_limit_hit=True):
-            outputs = self._compiled(padded, compute_stress)
+            outputs = self._compiled(self.model_call, padded, compute_stress)
         # new shapes that reach no new graph passed the guards of an old one (they differ in
         # a field the model does not read): that graph is valid for them, and checked below
         compiled_now = self.graphs > graphs_before
@@ -143,14 +149,17 @@ class CompiledForceCall:
             self._compare_with_eager(batch, compute_stress, result)
         return result
 
-    def _padded_call(self, batch: Batch, compute_stress: bool) -> dict:
-        out = self.model_call(batch, compute_stress)
-        # detached: a returned tensor whose graph autograd.grad consumed would break the graph
-        return {name: value.detach() if torch.is_tensor(value) else value for name, value in out.items()}
-
     def _counting_backend(self, gm, example_inputs):
         self.graphs += 1
         return torch._dynamo.lookup_backend(self.backend)(gm, example_inputs)
+
+    def _atoms_per_system(self, batch: Batch) -> torch.Tensor:
+        """Counted (a ``bincount``: a host sync on CUDA) only when the system index changes."""
+        index = batch.batch
+        seen = self._counts
+        if seen is None or seen[0] is not index or seen[1] != index._version:
+            self._counts = seen = (index, index._version, batch.atoms_per_system)
+        return seen[2]
 
     def _structure_changed(self, batch: Batch) -> bool:
         """Whether an integer input (atomic numbers, system index, ...) has other values than
@@ -187,8 +196,21 @@ class CompiledForceCall:
                 )
 
 
-def pad_to_caps(batch: Batch, caps: Caps, reach: float) -> Batch:
-    """``batch`` padded to ``caps`` rows (NOTE [padding rows]); positions a fresh leaf."""
+def _padded_call(model_call: ForceCall, batch: Batch, compute_stress: bool) -> dict:
+    """What is compiled: the force call on a padded batch, its outputs detached (a returned
+    tensor whose graph ``autograd.grad`` consumed would break the graph)."""
+    out = model_call(batch, compute_stress)
+    return {name: value.detach() if torch.is_tensor(value) else value for name, value in out.items()}
+
+
+def _fresh_copy(fn):
+    """``fn`` with a code object of its own (NOTE [one cache per call])."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def pad_to_caps(batch: Batch, caps: Caps, reach: float, counts: torch.Tensor | None = None) -> Batch:
+    """``batch`` padded to ``caps`` rows (NOTE [padding rows]); positions a fresh leaf.
+    ``counts``: the batch's atoms per system, when known."""
     atoms, systems = batch.num_atoms, batch.num_systems
     extra = caps.atoms - atoms
     if extra < 1 or batch.neighbors.num_edges > caps.edges:
@@ -222,7 +244,8 @@ def pad_to_caps(batch: Batch, caps: Caps, reach: float) -> Batch:
         else:
             system[name] = torch.cat([value, value[:1]])
     padded = _FixedCounts._from_dicts(node, system)
-    counts = torch.cat([batch.atoms_per_system, torch.tensor([extra], device=device)])
+    counts = batch.atoms_per_system if counts is None else counts
+    counts = torch.cat([counts, counts.new_full((1,), extra)])
     object.__setattr__(padded, "_counts", counts)
     object.__setattr__(padded, "_ptr", torch.cat([counts.new_zeros(1), counts.cumsum(0)]))
     padded.neighbors = _padded_list(batch.neighbors, caps.edges, atoms, extra, dtype)

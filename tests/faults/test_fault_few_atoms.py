@@ -113,18 +113,10 @@ def test_halo_runs_tiny_systems_like_one_process(case, world_size):
     assert 0 in owned or case == "atom_evaporating"  # some rank really had nothing
 
 
-# NOTE: sharded storage refuses a rank that owns as many atoms as there are systems
-# (mlipdd.strategy.sharded.check_rows_distinct), a row-count guess the placement-based core
-# should no longer need; the cases it refuses are listed as strict xfails below.
-SHARDED_REFUSED = {"one_atom_periodic", "lone_atom_in_vacuum", "atom_evaporating",
-                   "two_systems_one_atom_each"}
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_sharded_runs_tiny_systems_like_one_process(case, world_size, request):
-    if case in SHARDED_REFUSED:
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason="sharded.check_rows_distinct refuses a rank owning as many atoms as systems"))
+def test_sharded_runs_tiny_systems_like_one_process(case, world_size):
+    """Sharded storage reads every tensor's placement too, so a rank owning as many atoms
+    as there are systems (one atom, one system) runs like one process."""
     _compare(case, "sharded", world_size)
 
 

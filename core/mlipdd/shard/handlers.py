@@ -137,7 +137,7 @@ def halo_scatter(func, meta: ShardMeta, args, kwargs):
     rows = _counted_rows(meta, call.src, call.name)  # a ghost row's value is its owner's: counted there
     contribution = call.scatter_into(torch.zeros_like(base), local(call.index)[rows], local(call.src)[rows])
     out = base + halo_correct(contribution, meta.plan)
-    return _finish(call, ShardTensor.wrap(out, meta))
+    return _finish(call, ShardTensor.wrap(out, meta, ATOMS))
 
 
 def refuse_opaque_source(call: ScatterCall, meta: ShardMeta) -> None:

@@ -39,6 +39,7 @@ from contextvars import ContextVar
 import torch
 
 from mlipdd.shard.counts import RowCount
+from mlipdd.shard.placement import ATOMS
 from mlipdd.shard.tensor import PATCHED, ShardMeta, ShardTensor
 
 __all__ = ["RowCount", "UninferredRowsError", "owned_rows_scope"]
@@ -105,7 +106,7 @@ def _owned_rows_factory(original, skip: int):
             return out
         size = _leading_size(args[skip:], kwargs)
         if isinstance(size, RowCount):
-            return ShardTensor.wrap(out, size.meta)
+            return ShardTensor.wrap(out, size.meta, ATOMS)
         if size == scope.meta.n_owned and size != scope.meta.n_edges:
             scope.remember()
         return out

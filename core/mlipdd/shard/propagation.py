@@ -645,9 +645,16 @@ def _where(func, args, kwargs, out):
 
 
 def _fresh(func, args, kwargs, out):
-    """A new tensor of a given size (``x.new_zeros(n, 3)``): rows by its row count, as a
+    """A new tensor of a given size (``x.new_zeros(n, 3)``): as many leading rows as ``x``'s
+    rows along dim 0 are rows of the same kind (``edge_vectors.new_zeros((0, 3))`` on a rank
+    with no edges and no atoms is edges, not atoms); otherwise rows by its row count, as a
     plain accumulator's are."""
-    return
+    x = _input(args, kwargs)
+    p = placement_of(x) if getattr(x, "_meta", None) is not None else None
+    if p is not None and p.leads() and isinstance(out, torch.Tensor) and out.dim() > 0 \
+            and out.shape[0] == x.shape[0]:
+        return Rows(p.kind)
+    return None
 
 
 Propagate = Callable[..., object]

@@ -171,7 +171,7 @@ def sharded_scatter(func, meta: ShardMeta, args, kwargs):
     table = base.new_zeros((meta.plan.n_padded, *base.shape[1:]))
     contribution = call.scatter_into(table, local(call.index), local(call.src))
     out = base + halo_accumulate(contribution, meta.plan)[: meta.n_owned]
-    return _finish(call, ShardTensor.wrap(out, meta))
+    return _finish(call, ShardTensor.wrap(out, meta, ATOMS))
 
 
 def _is_row_sum(func, meta, args, kwargs) -> bool:

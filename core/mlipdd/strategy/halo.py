@@ -36,7 +36,7 @@ from mlipdd.neighbors import NeighborList, build_neighbor_list, strained_list_in
 from mlipdd.shard import ShardMeta, ShardTensor, halo_accumulate
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows, pad
 from mlipdd.shard.layouts import layout_for
-from mlipdd.shard.placement import SYSTEM_INDEX, placement_of
+from mlipdd.shard.placement import ATOMS, SYSTEM_INDEX, placement_of
 from mlipdd.shard.scripted import script_functions_dispatched
 from mlipdd.shard.tensor import neighbors_as_edge_rows
 from mlipdd.strategy.balance import LoadBalance
@@ -302,7 +302,7 @@ class HaloStrategy(SpatialStrategy):
             return padded, meta
         padded_positions = self.halo.padded_positions(positions, batch.cell, state)
         def wrap(t):
-            return ShardTensor.wrap(t, meta)
+            return ShardTensor.wrap(t, meta, ATOMS)
 
         node = {
             "positions": wrap(padded_positions),

@@ -26,14 +26,13 @@ from dataclasses import dataclass
 
 import torch
 
-from mlipdd.comm import check_together
 from mlipdd.data import Batch, InputError
 from mlipdd.neighbors import NeighborList
 from mlipdd.shard import ShardMeta, ShardTensor
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows
 from mlipdd.shard.layouts import layout_for
 from mlipdd.shard.owned_rows import owned_rows_scope
-from mlipdd.shard.placement import SYSTEM_INDEX
+from mlipdd.shard.placement import ATOMS, SYSTEM_INDEX
 from mlipdd.shard.scripted import script_functions_dispatched
 from mlipdd.shard.tensor import neighbors_as_edge_rows
 from mlipdd.strategy.halo import HaloState, SpatialStrategy, exchange_counts, model_inputs
@@ -68,7 +67,6 @@ class ShardedStrategy(SpatialStrategy):
         """Collective: when the halo plan is rebuilt, rewrite it over owned rows."""
         halo = self.halo.prepare(batch, self.state)
         if halo is not None:
-            check_together(check_rows_distinct, batch, group=self.group)
             self.state = shard_halo(halo, batch, self.rank, self.group)
 
     def model_batch(self, batch: Batch, spec) -> tuple[Batch, ShardMeta]:
@@ -83,16 +81,16 @@ class ShardedStrategy(SpatialStrategy):
         )
         # the ShardTensor itself is the leaf: wrapping a leaf under no_grad (dynamics) would
         # give an alias outside the graph, which autograd.grad could not differentiate by
-        positions = ShardTensor.wrap(batch.positions.detach(), meta).requires_grad_(True)
+        positions = ShardTensor.wrap(batch.positions.detach(), meta, ATOMS).requires_grad_(True)
         node = {
             "positions": positions,
-            "atomic_numbers": ShardTensor.wrap(batch.atomic_numbers, meta),
+            "atomic_numbers": ShardTensor.wrap(batch.atomic_numbers, meta, ATOMS),
             "batch": ShardTensor.wrap(batch.batch, meta, SYSTEM_INDEX),
             "atom_ids": batch.atom_ids,
         }
         # extra per-atom inputs (partial charges, spins) as halo storage hands them over,
         # owned rows here: a read at an edge's remote end is routed like the positions'
-        node.update({name: ShardTensor.wrap(value, meta) for name, value in model_inputs(batch).items()})
+        node.update({name: ShardTensor.wrap(value, meta, ATOMS) for name, value in model_inputs(batch).items()})
         owned = Batch._from_dicts(node, dict(batch.system))
         owned.neighbors = neighbors_as_edge_rows(state.neighbors, meta)
         owned.n_owned = batch.num_atoms
@@ -180,15 +178,6 @@ def shard_halo(halo: HaloState, batch: Batch, rank: int, group) -> ShardedState:
         atom_ids=halo.atom_ids,
         halo_ghosts=halo.plan.n_ghost,
     )
-
-
-def check_rows_distinct(batch: Batch) -> None:
-    """Per-atom and per-system tensors are told apart by their rows (NOTE [ambiguous rows])."""
-    if batch.num_atoms > 0 and batch.num_atoms == batch.num_systems:
-        raise InputError(
-            f"a rank owns {batch.num_atoms} atoms, as many as there are systems, so sharded storage "
-            "cannot tell per-atom from per-system tensors; use fewer ranks (or larger systems)"
-        )
 
 
 def rows_of_ids(atom_ids: torch.Tensor, wanted: torch.Tensor, what: str) -> torch.Tensor:

@@ -100,8 +100,9 @@ def random_mace(
     return model.to(dtype).eval()
 
 
-def random_mace_wrapper(chunk_atoms: int | None = None, **kwargs):
-    """`MACEWrapper` around `random_mace(**kwargs)` (chunked when ``chunk_atoms`` is given).
+def random_mace_wrapper(chunk_atoms: int | None = None, cueq: bool = False, **kwargs):
+    """`MACEWrapper` around `random_mace(**kwargs)` (chunked when ``chunk_atoms`` is given;
+    converted by mace's e3nn->cuEquivariance converter when ``cueq``).
 
     A module-level function, so ``functools.partial(random_mace_wrapper, seed=0)`` pickles:
     the conformance kit (`mlipdd.testing`) rebuilds the model inside each spawned rank,
@@ -109,7 +110,7 @@ def random_mace_wrapper(chunk_atoms: int | None = None, **kwargs):
     """
     from mlipdd_mace.wrapper import MACEWrapper
 
-    return MACEWrapper(random_mace(**kwargs), chunk_atoms=chunk_atoms)
+    return MACEWrapper(random_mace(**kwargs), chunk_atoms=chunk_atoms, cueq=cueq)
 
 
 def distributed_outputs_of_each(rank, world_size, model_factory, batches, compute_stress=True,

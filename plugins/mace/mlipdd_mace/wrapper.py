@@ -15,7 +15,9 @@ import torch
 
 from mlipdd.data import Batch
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig
+from mlipdd.shard import ShardTensor
 from mlipdd_mace.chunked import chunked_blocks, estimate_memory
+from mlipdd_mace.cueq import distributed_kernels, tensor_product_path, to_cueq, uses_cuequivariance
 from mlipdd_mace.empty_rows import empty_rows_guard
 from mlipdd_mace.graph import mace_inputs, one_hot_elements
 from mlipdd_mace.versions import require_mace
@@ -34,11 +36,6 @@ def is_mace_model(obj) -> bool:
     except ImportError:
         return False
     return isinstance(obj, MACE)
-
-
-def uses_cuequivariance(model: torch.nn.Module) -> bool:
-    """Whether mace's e3nn->cuEquivariance conversion replaced some of the model's layers."""
-    return any(type(m).__module__.startswith("cuequivariance") for m in model.modules())
 
 
 def _model_dtype(model: torch.nn.Module) -> torch.dtype:
@@ -73,13 +70,19 @@ class MACEWrapper(ModelWrapper):
     each chunk in the backward (`mlipdd_mace.chunked`). Same energy and forces (float64:
     ~1e-15), a fraction of the memory, some recomputation; inference only (training mode
     runs the plain model). ``memory_estimate(n_atoms, n_edges)`` says what a call needs.
+
+    ``cueq=True``: convert an e3nn model with mace's own e3nn->cuEquivariance converter
+    (`mlipdd_mace.cueq.to_cueq`; ``conv_fusion`` None fuses the convolutions on CUDA, as
+    mace does). ``model_config.extra["tensor_products"]`` (and the repr) says which path
+    runs: ``"e3nn"`` or e.g. ``"cuequivariance (fused conv, CUDA kernels)"``.
     """
 
     # On several ranks (DomainConfig(strategy=None), the default) sharded storage: the
     # node-wise layers then run on owned rows only (1.96x on 2 H200s vs 1.78x under halo).
     preferred_strategy = "sharded"
 
-    def __init__(self, model: torch.nn.Module, head: str | None = None, chunk_atoms: int | None = None):
+    def __init__(self, model: torch.nn.Module, head: str | None = None, chunk_atoms: int | None = None,
+                 cueq: bool = False, conv_fusion: bool | None = None):
         super().__init__()
         if chunk_atoms is not None and int(chunk_atoms) < 1:
             raise ValueError(f"chunk_atoms must be a positive number of atoms or None, got {chunk_atoms}")
@@ -92,7 +95,12 @@ class MACEWrapper(ModelWrapper):
                 f"{type(model).__name__}; load one with MACEWrapper.from_file(path) or "
                 "MACEWrapper.from_foundation(name)"
             )
+        if cueq:
+            model = to_cueq(model, conv_fusion=conv_fusion)
+        elif conv_fusion is not None:
+            raise ValueError("conv_fusion chooses how cueq=True converts; pass cueq=True with it")
         self.model = model
+        self.cuequivariance = uses_cuequivariance(model)
         heads = list(getattr(model, "heads", None) or ["Default"])
         self.head = heads[_pick_head(heads, head)]
         self.head_index = heads.index(self.head)
@@ -105,7 +113,8 @@ class MACEWrapper(ModelWrapper):
             extra={
                 "atomic_numbers": tuple(int(z) for z in model.atomic_numbers.tolist()),
                 "heads": tuple(heads),
-                "cuequivariance": uses_cuequivariance(model),
+                "cuequivariance": self.cuequivariance,
+                "tensor_products": tensor_product_path(model),
                 "mace_version": self.mace_version,
             },
         )
@@ -117,12 +126,15 @@ class MACEWrapper(ModelWrapper):
     @classmethod
     def from_file(
         cls, path: str | Path, device: str | torch.device = "cpu", head: str | None = None,
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype | None = None, cueq: bool = False, conv_fusion: bool | None = None,
+        chunk_atoms: int | None = None,
     ) -> MACEWrapper:
         """A model saved with ``torch.save(model, path)`` (mace's ``.model`` files).
 
         ``dtype`` converts the loaded model (``torch.float32`` / ``torch.float64``), as
-        MACECalculator's ``default_dtype`` does; None keeps the file's.
+        MACECalculator's ``default_dtype`` does; None keeps the file's. ``cueq=True``
+        converts it (on ``device``, after ``dtype``) with mace's e3nn->cuEquivariance
+        converter; a file that holds a converted model is used as it is.
 
         ``weights_only=False`` because mace checkpoints pickle the whole module, not a
         state dict; unpickling runs code from the file, so load only files you trust
@@ -134,13 +146,24 @@ class MACEWrapper(ModelWrapper):
             raise FileNotFoundError(
                 f"no MACE model file at {str(path)!r}; give the path of a saved .model file"
             )
-        model = torch.load(path, map_location=device, weights_only=False)
-        return cls(model if dtype is None else model.to(dtype), head=head)
+        try:
+            model = torch.load(path, map_location=device, weights_only=False)
+        except ModuleNotFoundError as exc:
+            if not (exc.name or "").startswith("cuequivariance"):
+                raise
+            from mlipdd_mace.cueq import INSTALL_HINT
+
+            raise ImportError(
+                f"{str(path)!r} holds a cuEquivariance MACE model, and {exc.name} is not installed; "
+                f"{INSTALL_HINT}"
+            ) from exc
+        model = model if dtype is None else model.to(dtype)
+        return cls(model, head=head, chunk_atoms=chunk_atoms, cueq=cueq, conv_fusion=conv_fusion)
 
     @classmethod
     def from_foundation(
         cls, name: str = "medium-mpa-0", device: str | torch.device = "cpu", head: str | None = None,
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype | None = None, cueq: bool = False, conv_fusion: bool | None = None,
     ) -> MACEWrapper:
         """A pretrained foundation model by name, via mace's own downloader and cache.
 
@@ -150,7 +173,16 @@ class MACEWrapper(ModelWrapper):
         from mlipdd_mace.foundation import load_foundation
 
         model = load_foundation(name, device=device)
-        return cls(model if dtype is None else model.to(dtype), head=head)
+        model = model if dtype is None else model.to(dtype)
+        return cls(model, head=head, cueq=cueq, conv_fusion=conv_fusion)
+
+    def to_cueq(self, conv_fusion: bool | None = None) -> MACEWrapper:
+        """This wrapper's model converted to cuEquivariance (a new wrapper; same head and
+        chunking); itself when it already runs cuEquivariance."""
+        if self.cuequivariance:
+            return self
+        return type(self)(self.model, head=self.head, chunk_atoms=self.chunk_atoms, cueq=True,
+                          conv_fusion=conv_fusion)
 
     def _apply(self, fn, recurse=True):
         # .to(dtype) converts the mace model inside: the dtype this wrapper accepts follows
@@ -187,9 +219,13 @@ class MACEWrapper(ModelWrapper):
             if self.chunk_atoms is not None and not keep_graph else contextlib.nullcontext()
         )
         no_rows = empty_rows_guard(self.model) if positions.shape[0] == 0 else contextlib.nullcontext()
+        # cuEq kernels read raw rows: under domain decomposition they are told which
+        # (NOTE [cuEq under domain decomposition] in mlipdd_mace.cueq)
+        cueq_rows = (distributed_kernels(self.model) if self.cuequivariance and isinstance(positions, ShardTensor)
+                     else contextlib.nullcontext())
         try:
             # forces are an autograd derivative, even in no_grad
-            with torch.enable_grad(), chunking, no_rows:
+            with torch.enable_grad(), chunking, no_rows, cueq_rows:
                 out = self.model(
                     data,
                     training=keep_graph,
@@ -240,6 +276,6 @@ class MACEWrapper(ModelWrapper):
         cfg = self.model_config
         return (
             f"cutoff={cfg.cutoff}, elements={list(cfg.extra['atomic_numbers'])}, head={self.head!r}, "
-            f"dtype={self.dtype}, cuequivariance={cfg.extra['cuequivariance']}, "
+            f"dtype={self.dtype}, tensor_products={cfg.extra['tensor_products']!r}, "
             f"chunk_atoms={self.chunk_atoms}"
         )

@@ -54,7 +54,7 @@ PRECEDENCE: list[str] = [
     # `mlipdd.shard.counts`); under sharded storage factories make owned rows of it
     "row_count",
     # sharded storage: owned rows only. A node scatter is tried before a per-system one
-    # (the strategy refuses the layouts where the two have the same number of rows).
+    # (with as many atoms as systems, a scatter by a system index is per system).
     "sharded_gather",
     "sharded_scatter",
     "sharded_per_system_reduce",

@@ -126,9 +126,9 @@ def _gather(func, meta, args, kwargs):
 
 # ---- reductions to replicated values -------------------------------------------------
 # NOTE [ambiguous rows]: the node rule goes ahead of the system rule (as for halo
-# storage, see PRECEDENCE); the strategy refuses layouts where a rank owns exactly as
-# many atoms as there are systems, because the two scatters could then not be told
-# apart by shape.
+# storage, see PRECEDENCE). Where a rank owns as many atoms as there are systems the
+# two are told apart by the index's placement: a scatter by a system index
+# (``batch.batch``, ``values="systems"``) is per system, whatever the row counts.
 def _is_system_scatter(func, meta, args, kwargs) -> bool:
     if not _sharded_rows(meta) or not meta.system_reductions:
         return False

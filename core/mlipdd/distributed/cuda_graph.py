@@ -337,8 +337,10 @@ def edges_within(neighbors: NeighborList, batch: Batch, radius: float) -> Neighb
     with torch.no_grad():
         vectors = neighbors.edge_vectors(batch.positions.detach(), batch.cell.detach(), batch.batch)
         index = ((vectors * vectors).sum(dim=1) < radius * radius).nonzero().squeeze(1)
+    # the list now holds exactly the pairs within ``radius``: say so (a model that filters
+    # longer edges itself can then skip its own filter and its host reads)
     return NeighborList(neighbors.edge_index.index_select(1, index), neighbors.unit_shifts.index_select(0, index),
-                        neighbors.cutoff, neighbors.full_list)
+                        min(radius, neighbors.cutoff), neighbors.full_list)
 
 
 def null_shifts(cell: torch.Tensor, reach: float) -> torch.Tensor:

@@ -88,13 +88,18 @@ def cartesian_shifts(
     return torch.einsum("be,bec->bc", unit_shifts, cell.view(-1, 3, 3)[system_of_edge])
 
 
+# A list trimmed to the cutoff by the core (one rank, `DistributedModel`) says it reaches
+# the cutoff plus a rounding margin of 1e-3 A; such edges past r_max weigh exactly zero.
+_TRIMMED_MARGIN = 1e-3
+
+
 def _built_within(neighbors, cutoff: float) -> bool:
-    """A list built (by mlipdd's builder) at no more than the model's radius has no edge to
-    drop: not a self-edge, and an edge that has since moved past ``r_max`` weighs exactly
-    zero (mace multiplies every edge by its cutoff envelope, 0 beyond ``r_max``, and so its
-    gradient). Skipping the filter saves a device->host read per call."""
+    """A list built (by mlipdd's builder) or trimmed at no more than the model's radius has
+    no edge to drop: not a self-edge, and an edge past ``r_max`` weighs exactly zero (mace
+    multiplies every edge by its cutoff envelope, 0 beyond ``r_max``, and so its gradient).
+    Skipping the filter saves its device->host reads (three) and a per-edge einsum per call."""
     built = getattr(neighbors, "cutoff", None)
-    return built is not None and built <= cutoff
+    return built is not None and built <= cutoff + _TRIMMED_MARGIN
 
 
 def _cached_one_hot(atomic_numbers, model_elements, dtype, cache: dict | None):

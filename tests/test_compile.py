@@ -78,6 +78,8 @@ def test_compiled_lj_equals_eager(name):
     b_batch = compiled.partition(SYSTEMS[name](species=(18, 36)))
     for stress in (True, False, True):
         _assert_equal(compiled(b_batch, compute_stress=stress), eager(a_batch, compute_stress=stress))
+    with torch.no_grad():  # as an integrator calls it: the grad mode is no new graph
+        _assert_equal(compiled(b_batch), eager(a_batch))
     stats = compiled.compile_stats
     assert stats["compiles"] == 2 and stats["checks"] == 2, stats  # one per stress flag, each checked once
     assert stats["graphs"] == 2, stats  # one whole graph each: no graph break in LJ
@@ -212,3 +214,32 @@ def test_each_compiled_call_has_its_own_graph_cache():
     for call in calls:
         _assert_equal(call(batch), model(batch))
     assert [call.graphs for call in calls] == [1] * 9
+
+
+# ---- on a GPU (inductor's Triton kernels; skipped without CUDA) ----------------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+def test_compiled_lj_on_cuda_equals_eager_float64():
+    model = lj().to("cuda")
+    eager, compiled = _pair(model, backend="inductor")
+    batch = two_systems(species=(18, 36))
+    a_batch, b_batch = eager.partition(batch, device="cuda"), compiled.partition(batch, device="cuda")
+    for stress in (True, False):
+        _assert_equal(compiled(b_batch, compute_stress=stress), eager(a_batch, compute_stress=stress))
+
+
+@needs_cuda
+def test_compiled_mace_on_cuda_float32_within_noise():
+    pytest.importorskip("mace")
+    from mlipdd_mace.testing import random_mace
+    from mlipdd_mace.wrapper import MACEWrapper
+
+    raw = random_mace(elements=(18, 36), r_max=5.0, channels=16, max_ell=2, correlation=2, dtype=torch.float32)
+    model = MACEWrapper(raw.to("cuda"))
+    eager, compiled = _pair(model, backend="inductor")
+    batch = triclinic(species=(18, 36), reps=4).to(dtype=torch.float32)
+    a_batch, b_batch = eager.partition(batch, device="cuda"), compiled.partition(batch, device="cuda")
+    _assert_equal(compiled(b_batch, compute_stress=True), eager(a_batch, compute_stress=True), tol=1e-4)

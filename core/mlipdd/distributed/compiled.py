@@ -127,8 +127,11 @@ class CompiledForceCall:
         key = _shape_key(padded, compute_stress)
         new_shapes = key not in self._keys
         graphs_before, start = self.graphs, time.perf_counter()
+        # always under no_grad: the grad mode is part of dynamo's guards (an integrator calls
+        # under no_grad, a user's script with grad on), and the force call enables grad for
+        # its own backward anyway. Outputs are detached: compiled calls are not for training
         with torch._dynamo.config.patch(trace_autograd_ops=True, recompile_limit=RECOMPILE_LIMIT,
-                                        fail_on_recompile_limit_hit=True):
+                                        fail_on_recompile_limit_hit=True), torch.no_grad():
             outputs = self._compiled(self.model_call, padded, compute_stress)
         # new shapes that reach no new graph passed the guards of an old one (they differ in
         # a field the model does not read): that graph is valid for them, and checked below

@@ -164,8 +164,7 @@ def reduction(dim_at: int = 1, default=None, keepdim_at: int | None = 2):
         dims = _dims(x, _arg(args, kwargs, dim_at, "dim", default))
         if dims is None or p.dim is None or p.dim in dims:
             if not (x.is_floating_point() or x.is_complex()):
-                return Opaque(f"`{op_name(func)}` of integer rows on this rank only (NOTE [integer rows stay local])",
-                              None)
+                return Opaque(_local_integers(func, p), None)
             raise refuse(func, p, "input", "it reduces over the rows")
         keep = bool(_arg(args, kwargs, keepdim_at, "keepdim", False)) if keepdim_at is not None else False
         return p if keep else p.moved(p.dim - sum(d < p.dim for d in dims))
@@ -184,8 +183,7 @@ def along(dim_at: int = 1, default=-1, name: str = "dim", integers_local: bool =
         d = _norm_dim(d, max(x.dim(), 1)) if d is not None else None
         if d is None or p.dim is None or d == p.dim or p.group != 1:
             if integers_local and not (x.is_floating_point() or x.is_complex()):
-                return Opaque(f"`{op_name(func)}` of integer rows on this rank only (NOTE [integer rows stay local])",
-                              p.dim)
+                return Opaque(_local_integers(func, p), p.dim)
             raise refuse(func, p, "input", "it runs along the rows")
         return p
 
@@ -630,11 +628,23 @@ def _gather(func, args, kwargs, out):
     return p or q
 
 
+def _local_integers(func, p) -> str:
+    """Why integer rows reduced, sorted or counted on this rank are opaque. Grouping the
+    edges by an atom index is how triplets are built: say which edges a rank lacks."""
+    if p is not None and p.values == "atoms":
+        return (f"`{op_name(func)}` of an edge index's atom numbers: it groups this rank's edges by atom, and a "
+                "rank holds only the edges whose RECEIVER it owns, so a ghost atom's edges and the edges "
+                "leaving an atom towards atoms owned elsewhere are missing here (triplets of edges sharing "
+                "a sender, DimeNet's k->j->i chains); NOTE [integer rows stay local]")
+    return f"`{op_name(func)}` of integer rows on this rank only (NOTE [integer rows stay local])"
+
+
 def _rank_local_integers(func, args, kwargs, out):
     """Counts, unique values and positions of this rank's rows: its own index structures
     (NOTE [integer rows stay local]); opaque, so a float made from them is refused where
     it would reduce or scatter."""
-    return Opaque(f"`{op_name(func)}` of this rank's rows (NOTE [integer rows stay local])", None)
+    x = _input(args, kwargs)
+    return Opaque(_local_integers(func, placement_of(x) if getattr(x, "_meta", None) is not None else None), None)
 
 
 def _where(func, args, kwargs, out):

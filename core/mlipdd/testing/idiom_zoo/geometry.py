@@ -53,6 +53,17 @@ class SenderTriplets(_ThreeBody):
         return _pairs_within_groups(e.sender, n_atoms)
 
 
+class SenderTripletsByMask(_ThreeBody):
+    """The same triplets found the dense way: an edges x edges same-sender mask, nonzero."""
+
+    idiom = "three-body: (sender[:, None] == sender[None, :]) mask, nonzero pairs"
+
+    def triplets(self, e, n_atoms):
+        same = (e.sender[:, None] == e.sender[None, :]) & ~torch.eye(e.sender.shape[0], dtype=torch.bool)
+        a, b = torch.nonzero(same, as_tuple=True)
+        return a, b
+
+
 class DimeNetTriplets(_ThreeBody):
     """DimeNet: for each edge j->i every edge k->j, k->j not the reverse of j->i."""
 
@@ -177,4 +188,4 @@ class AllPairsGraph(ZooModel):
         return self.energy(h)
 
 
-GEOMETRY = [SenderTriplets, DimeNetTriplets, QEqIndexPut, QEqSetItem, EdgeVectorForces, AllPairsGraph]
+GEOMETRY = [SenderTriplets, SenderTripletsByMask, DimeNetTriplets, QEqIndexPut, QEqSetItem, EdgeVectorForces, AllPairsGraph]

@@ -412,3 +412,41 @@ def rock_salt_mgo(reps=(3, 3, 3), seed=0) -> Batch:
     batch.node["atomic_numbers"] = torch.where(batch.atomic_numbers == 11, 12, 8)
     batch.add_node_property("charges", 2.0 * batch.charges)
     return batch
+
+
+# ---- the distributed mesh (PMEWrapper(mesh="distributed")) ---------------------------------
+
+
+def configured_cases(rank, world_size, cases):
+    """Spawned-rank worker like `distributed_cases`, each case ``(factory, batch,
+    compute_stress, options)`` with its own DomainConfig ``options`` (strategy, grid; a
+    grid of ``"z"`` puts every rank along the third cell vector). Also returns the mesh
+    bytes the rank held (`distributed_pme.MESH_BYTES`)."""
+    from mlipdd.distributed import DistributedModel, DomainConfig
+
+    from mlipdd_ewald_pme import distributed_pme
+
+    results = []
+    for factory, batch, compute_stress, options in cases:
+        model = factory()
+        options = dict(options)
+        if options.get("grid") == "z":
+            options["grid"] = (1, 1, world_size)
+        dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, **options))
+        owned = dm.partition(batch if rank == 0 else None)
+        out = dm(owned, compute_stress=compute_stress)
+        results.append({
+            "atom_ids": owned.atom_ids, "energy": out["energy"].detach(), "forces": out["forces"].detach(),
+            "stress": out["stress"].detach() if compute_stress else None, "edges": 0,
+            "owned": int(owned.num_atoms), "mesh_bytes": distributed_pme.MESH_BYTES["last"],
+        })
+    return results
+
+
+def offset_slab(vacuum: float = 30.0) -> Batch:
+    """`dipolar_slab` moved to the bottom of its periodic cell: ranks cut along the third
+    cell vector leave the upper ones without a charge (pbc True along every axis)."""
+    batch = dipolar_slab(vacuum, neutral=False, periodic=True)
+    c = batch.cell[0, 2]
+    batch.node["positions"] = batch.positions - (0.5 * vacuum - 1.0) * c / c.norm()
+    return batch

@@ -29,6 +29,7 @@ from mlipdd_ewald_pme.spec import SPEC_DSF_HALO, SPEC_EWALD_HALO, SPEC_PME_HALO
 
 CHARGES = "charges"
 WARP_SPLINE_FLOOR = 1e-6  # below this accuracy PMEWrapper spreads with the plain-torch spline ops
+MESH_LAYOUTS = ("replicated", "distributed")  # PMEWrapper(mesh=...): whole mesh per rank, or slabs
 
 
 def element_charge_table(element_charges: dict | None) -> torch.Tensor | None:
@@ -160,14 +161,29 @@ class PMEWrapper(_Electrostatics):
     that threshold (NOTE [spline floor]). The default picks Warp for ``accuracy >= 1e-6``
     in float64 and torch below, and torch in float32: nvalchemiops' float32 kernels miss by
     5e-4..1e-3 eV/A RMS force at any accuracy (NaCl), the torch ops in float32 reach ~3e-6.
+
+    ``mesh="replicated"`` (the default) gives every rank the whole mesh: each spreads its own
+    atoms, the meshes are all-reduced and every rank FFTs all of it. ``mesh="distributed"``
+    splits each mesh over the ranks in slabs with a distributed FFT (`distributed_pme`,
+    NOTE [mesh slabs] in slab_fft.py): mesh memory and FFT work per rank fall as 1/ranks.
+    It spreads with its own B-splines, the torch ops' weights (so ``spline="warp"`` is
+    refused there) and equals ``spline="torch"`` with a replicated mesh to rounding.
     """
 
     spec = SPEC_PME_HALO
 
     def __init__(self, cutoff: float = 10.0, accuracy: float = 1e-6, alpha: float | None = None,
                  mesh_spacing: float | None = None, spline_order: int = 6, element_charges: dict | None = None,
-                 spline: str | None = None, slab_correction: bool = False):
+                 spline: str | None = None, slab_correction: bool = False, mesh: str = "replicated"):
         super().__init__(cutoff, accuracy, alpha, element_charges, slab_correction)
+        if mesh not in MESH_LAYOUTS:
+            raise InputError(f"mesh must be one of {MESH_LAYOUTS} (the whole mesh on every rank, or split "
+                             f"over the ranks), got {mesh!r}")
+        if mesh == "distributed" and spline not in (None, "torch"):
+            raise InputError(f"PMEWrapper(mesh='distributed') spreads with its own B-splines (the weights of "
+                             f"spline='torch'); spline={spline!r} has no distributed form: leave spline unset, "
+                             "or use mesh='replicated'")
+        self.mesh = mesh
         # registers the ops SPEC_PME_HALO names (a DD forward resolves them before running)
         from mlipdd_ewald_pme import pme  # noqa: F401
 
@@ -195,6 +211,11 @@ class PMEWrapper(_Electrostatics):
         # NOTE [float32 splines]: nvalchemiops' float32 spread/gather are 5e-4..1e-3 eV/A off
         # (NaCl, every accuracy); the torch ops in float32 ~3e-6 eV/A, at the same speed on CPU
         spline = self.spline if self._spline_given or positions.dtype == torch.float64 else "torch"
+        if self.mesh == "distributed":
+            from mlipdd_ewald_pme import distributed_pme
+
+            return distributed_pme.reciprocal_energies(batch, positions, cell, charges, self.alpha,
+                                                       self.spline_order, dims)
         return pme.reciprocal_energies(batch, positions, cell, charges, self.alpha, self.spline_order, dims, spline)
 
 

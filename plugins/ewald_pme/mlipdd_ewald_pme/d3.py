@@ -108,7 +108,7 @@ class D3Wrapper(ModelWrapper):
 
     def _coordination(self, z, sender, receiver, inside, safe, n_rows: int):
         # complete on every [owned | ghost] row under DD (halo-corrected scatter)
-        r0 = self.rcov[z[sender]] + self.rcov[z[receiver]]
+        r0 = (self.rcov[z[sender]] + self.rcov[z[receiver]]).to(safe.dtype)  # float64 tables, float32 inputs
         count = torch.where(inside, 1.0 / (1.0 + torch.exp(-16.0 * (r0 / safe - 1.0))), torch.zeros_like(safe))
         cn = torch.zeros(n_rows, dtype=safe.dtype, device=safe.device)
         return cn.index_add(0, receiver, count)
@@ -135,11 +135,12 @@ class D3Wrapper(ModelWrapper):
     def atomic_energies(self, batch: Batch, positions, cell) -> torch.Tensor:
         z, sender, receiver, inside, safe, vectors = self._edges(batch, positions, cell)
         cn = self._coordination(z, sender, receiver, inside, safe, positions.shape[0])
-        weights = reference_weights(cn, self.cn[z])
+        dtype = safe.dtype  # the tables are float64: read them in the inputs' dtype (float32 runs)
+        weights = reference_weights(cn, self.cn[z].to(dtype))
         weights_sender = weights[sender]
-        c6_ref = self.c6[z[sender], z[receiver]]  # (E, 7, 7)
+        c6_ref = self.c6[z[sender], z[receiver]].to(dtype)  # (E, 7, 7)
         c6 = torch.einsum("ea,eab,eb->e", weights_sender, c6_ref, weights[receiver])
-        qq = 3.0 * self.r4r2[z[sender]] * self.r4r2[z[receiver]]
+        qq = (3.0 * self.r4r2[z[sender]] * self.r4r2[z[receiver]]).to(dtype)
         p = self.params
         radius = p["a1"] * torch.sqrt(qq) + p["a2"]
         pair = p["s6"] * c6 / (safe**6 + radius**6) + p["s8"] * c6 * qq / (safe**8 + radius**8)
@@ -150,6 +151,6 @@ class D3Wrapper(ModelWrapper):
             from mlipdd_ewald_pme.three_body import atm_energies
 
             three = atm_energies(positions, receiver, vectors, c6, weights_sender, z[sender], z[receiver],
-                                 self.c6, self.rvdw, self.three_body_cutoff / BOHR, float(p["s9"]))
+                                 self.c6.to(dtype), self.rvdw.to(dtype), self.three_body_cutoff / BOHR, float(p["s9"]))
             energies = energies + HARTREE * three
         return energies

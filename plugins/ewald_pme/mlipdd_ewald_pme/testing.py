@@ -450,3 +450,19 @@ def offset_slab(vacuum: float = 30.0) -> Batch:
     c = batch.cell[0, 2]
     batch.node["positions"] = batch.positions - (0.5 * vacuum - 1.0) * c / c.norm()
     return batch
+
+
+def reciprocal_only(mesh: str = "distributed", cutoff: float = 8.0, accuracy: float = 1e-4):
+    """PME's reciprocal part alone (benchmarks): the splitting of ``cutoff`` and
+    ``accuracy``, but a 1 A neighbour list and halo, so that the mesh is what is timed."""
+    from mlipdd_ewald_pme.wrappers import PMEWrapper, _splitting
+
+    class ReciprocalOnly(PMEWrapper):
+        def atomic_energies(self, batch, positions, cell, charges=None):
+            q = self.charges(batch) if charges is None else charges
+            return self.reciprocal(batch, positions, cell, q)
+
+    alpha, _ = _splitting(cutoff, accuracy, None)
+    spline = {"distributed": None, "replicated": "torch", "warp": "warp"}[mesh]  # "warp": replicated, Warp kernels
+    return ReciprocalOnly(cutoff=1.0, accuracy=accuracy, alpha=alpha, mesh="distributed" if mesh == "distributed"
+                          else "replicated", spline=spline)

@@ -73,7 +73,7 @@ def test_force_call_refusals_are_one_line_errors():
     cases = [
         (("--cuda-graph", "--device", "cpu"), "CUDA device"),
         (("--compile", "--cuda-graph"), "choose one"),
-        (("--compile", "aot_eager", "--nproc", "2"), "one rank"),
+        (("--cuda-graph", "--nproc", "2"), "one rank"),
     ]
     for flags, words in cases:
         out = mlipdd("run", "--size", "2", "--steps", "1", "--progress", "off", *flags)
@@ -85,3 +85,13 @@ def test_summary_text_names_the_compiled_force_call(capsys):
     assert main(["run", *QUIET, *MD, "--compile", "aot_eager"]) == 0
     text = capsys.readouterr().out
     assert "force call   compiled (aot_eager): " in text and "after the first" in text, text
+
+
+def test_compiled_run_on_two_ranks_equals_the_eager_run(capfd):
+    """LJ is an energy model: compiled on each rank's plain rows under halo storage."""
+    eager = run_json(capfd, *MD, "--nproc", "2")
+    compiled = run_json(capfd, *MD, "--nproc", "2", "--compile", "aot_eager")
+    assert eager["force_call"] == "eager" and compiled["force_call"] == "compiled (aot_eager)", compiled
+    assert compiled["ranks"] == 2 and compiled["strategy"] == "halo"
+    for key in ("conserved_energy_start_eV", "temperature_final_K", "energy_drift_meV_per_atom"):
+        assert compiled[key] == pytest.approx(eager[key], rel=1e-9, abs=1e-12), key

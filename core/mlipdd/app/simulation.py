@@ -85,8 +85,9 @@ class RunConfig:
     checkpoint: str | None = None  # write the full state here (also when stopped by a signal)
     checkpoint_every: int = 1000
     balance: str | None = None  # None: uniform cut planes; "count" / "time": see DomainConfig
-    # the force call at one rank (mlipdd.distributed.DomainConfig): replayed from a CUDA graph,
-    # or compiled with this torch.compile backend ("inductor", "aot_eager"); None: eager
+    # the force call (mlipdd.distributed.DomainConfig): replayed from a CUDA graph (one rank),
+    # or compiled with this torch.compile backend ("inductor", "aot_eager"; at several ranks:
+    # energy models under halo storage); None: eager
     cuda_graph: bool = False
     compile: str | None = None
 
@@ -147,10 +148,9 @@ class RunConfig:
         if self.cuda_graph and self.compile:
             raise InputError("--cuda-graph and --compile: choose one (a CUDA graph replays the eager "
                              "force call; compile fuses its kernels)")
-        for flag, on in (("--cuda-graph", self.cuda_graph), ("--compile", self.compile)):
-            if on and int(self.nproc) > 1:
-                raise InputError(f"{flag} runs at one rank; this run asks for --nproc {self.nproc}: "
-                                 f"drop {flag} with several ranks (their force call runs eagerly)")
+        if self.cuda_graph and int(self.nproc) > 1:
+            raise InputError(f"--cuda-graph runs at one rank; this run asks for --nproc {self.nproc}: "
+                             "drop --cuda-graph with several ranks (their force call runs eagerly)")
         if self.compile is not None and not self.compile:
             raise InputError("compile must name a torch.compile backend (inductor, aot_eager) or be left out")
 

@@ -149,8 +149,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="one rank on a CUDA device: replay the force call from a CUDA graph (small and "
         "medium systems, where kernel launches dominate)")
     add("--compile", nargs="?", const="inductor", default=s, metavar="BACKEND",
-        help="one rank: run the force call through torch.compile (BACKEND default inductor; "
-        "aot_eager traces without generating code), padded to caps so list rebuilds do not recompile")
+        help="run the force call through torch.compile (BACKEND default inductor; aot_eager traces "
+        "without generating code), padded to caps so list rebuilds do not recompile; several ranks: "
+        "energy models (LJ) under halo storage")
     add("--grid", type=_grid, default=s, metavar="GX,GY,GZ", help="rank grid (default: least halo)")
     add("--checkpoint", default=s, metavar="PATH", help="write the full state here every "
         "--checkpoint-every steps, at the end, and when stopped by SIGTERM/SIGHUP/Ctrl-C")

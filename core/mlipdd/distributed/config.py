@@ -41,17 +41,20 @@ class DomainConfig:
     with a skin needs it anyway) and must not read the device on the host inside its
     forward. Refused with more than one rank, on CPU tensors, and with a strategy other
     than ``"halo"``;
-    ``compile``: at ONE rank (CPU or CUDA), run the model's whole force call (forward and
-    force backward) through ``torch.compile`` with ``compile_backend`` (``"inductor"``;
-    ``"aot_eager"`` traces the same graph without generating code). Every call is padded
-    to per-rank caps of atoms and edges (``compile_headroom`` times the first call's
-    sizes; padding atoms sit in a padding system of their own, padding edges are null
-    edges), so neighbour-list rebuilds do not recompile; a system that outgrows its caps
-    gets larger ones (one recompile, counted in ``DistributedModel.compile_stats``). The
-    first call at each new set of shapes is checked against the eager call
-    (`mlipdd.distributed.compiled`). Refused with more than one rank (dynamo cannot trace
-    the ShardTensor dispatch), with ``cuda_graph=True`` (one or the other) and with a
-    strategy other than ``"halo"``."""
+    ``compile``: run the model's whole force call (forward and force backward) through
+    ``torch.compile`` with ``compile_backend`` (``"inductor"``; ``"aot_eager"`` traces the
+    same graph without generating code). Every call is padded to per-rank caps of atoms
+    and edges (``compile_headroom`` times the first call's sizes; padding atoms sit in a
+    padding system of their own, padding edges are null edges), so neighbour-list
+    rebuilds and migration do not recompile; a rank that outgrows its caps gets larger
+    ones (one recompile, counted in ``DistributedModel.compile_stats``). The first call
+    at each new set of shapes, and after integer inputs change, is checked against the
+    eager call (`mlipdd.distributed.compiled`). At one rank any model; at several ranks
+    energy models (``atomic_energies``: LJ) under halo storage, each rank's plain rows
+    compiled with the exchanges outside (`mlipdd.distributed.compiled_halo`); a model
+    with its own forward (MACE) is refused there by name (its rows are ShardTensors,
+    whose dispatch dynamo cannot trace). Refused with ``cuda_graph=True`` (one or the
+    other) and with a strategy other than ``"halo"``."""
 
     cutoff: float
     skin: float = 0.5
@@ -111,9 +114,10 @@ def _check_compile(config: DomainConfig) -> None:
         )
     if config.strategy not in (None, StrategyKind.HALO):
         raise InputError(
-            f"DomainConfig(compile=True) compiles the one-rank halo path, not the {config.strategy_name} "
+            f"DomainConfig(compile=True) compiles the halo path, not the {config.strategy_name} "
             "strategy (its rows are ShardTensors, which torch.compile cannot trace yet); use "
-            "strategy='halo' at one rank, or leave compile=False"
+            "strategy='halo' (at one rank any model, at several an energy model such as LJ), or "
+            "leave compile=False"
         )
     if not config.compile_headroom >= 1.0:
         raise InputError(f"DomainConfig.compile_headroom must be >= 1 (caps / sizes), got {config.compile_headroom}")

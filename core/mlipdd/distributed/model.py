@@ -21,6 +21,7 @@ from mlipdd.comm import (
 )
 from mlipdd.data import Batch, InputError, check_not_empty
 from mlipdd.distributed.compiled import CompiledForceCall
+from mlipdd.distributed.compiled_halo import CompiledHaloCall, is_energy_model
 from mlipdd.distributed.config import DomainConfig, StrategyKind, resolve_strategy
 from mlipdd.distributed.cuda_graph import TRIM_MARGIN, GraphedForceCall, edges_within
 from mlipdd.plugins import get_strategy
@@ -96,19 +97,28 @@ class DistributedModel(nn.Module):
             trim = config.cutoff if config.skin > 0 else None
             self._graphed = GraphedForceCall(self._call_model, trim_to=trim)
         self._compiled: CompiledForceCall | None = None
+        self._compiled_halo: CompiledHaloCall | None = None
         if config.compile:
-            if self.strategy.world_size > 1:
-                raise InputError(
-                    f"DomainConfig(compile=True) compiles the force call of ONE rank; this run has "
-                    f"{self.strategy.world_size} ranks, whose model rows are ShardTensors: torch.compile "
-                    "cannot trace their dispatch (the cross-rank exchanges inside the forward) yet. "
-                    "Leave compile=False with several ranks (the eager distributed path), or compile at one rank"
-                )
+            self._build_compiled(model, config)
+
+    def _build_compiled(self, model, config: DomainConfig) -> None:
+        options = {"reach": config.halo_width, "backend": config.compile_backend, "headroom": config.compile_headroom}
+        if self.strategy.world_size == 1:
             def model_call(batch, stress):  # the contexts are entered around the compiled call
                 return self.model(batch, compute_stress=stress)
 
-            self._compiled = CompiledForceCall(model_call, model_call, reach=config.halo_width,
-                                               backend=config.compile_backend, headroom=config.compile_headroom)
+            self._compiled = CompiledForceCall(model_call, model_call, **options)
+            return
+        if not is_energy_model(model):
+            raise InputError(
+                f"DomainConfig(compile=True) on {self.strategy.world_size} ranks compiles energy models "
+                f"(a wrapper with atomic_energies, such as LJ) on each rank's plain rows; {type(model).__name__} "
+                "computes its forces in its own forward, and its distributed rows are ShardTensors, whose "
+                "dispatch torch.compile cannot trace yet. Compile it at ONE rank, or leave compile=False "
+                "with several ranks (the eager distributed path)"
+            )
+        self._compiled_halo = CompiledHaloCall(model, self.strategy, self.spec, self.group, **options)
+        self._compiled = self._compiled_halo.inner  # its counters
 
     @property
     def cutoff(self) -> float:
@@ -176,6 +186,12 @@ class DistributedModel(nn.Module):
             self.strategy.prepare(batch)
             model_batch, meta = self.strategy.model_batch(batch, self.spec)
             self.last_padded = model_batch
+            autograd_outputs = getattr(self.model.model_config, "autograd_outputs", frozenset())
+            if self._compiled_halo is not None:
+                result = self._compiled_halo_call(model_batch, meta, compute_stress, autograd_outputs)
+                if check_now:
+                    agree_on_errors(_check_outputs(result), self.group)
+                return result
             with self.strategy.model_scope(meta):
                 if self._graphed is not None:
                     outputs = self._graphed(model_batch, compute_stress)
@@ -185,11 +201,21 @@ class DistributedModel(nn.Module):
                         outputs = self._compiled(trimmed, compute_stress)
                 else:
                     outputs = self._call_model(self._within_cutoff(model_batch), compute_stress)
-            autograd_outputs = getattr(self.model.model_config, "autograd_outputs", frozenset())
             result = self.strategy.consolidate(outputs, meta, self.spec, autograd_outputs)
             if check_now:
                 agree_on_errors(_check_outputs(result), self.group)
             return result
+
+    def _compiled_halo_call(self, model_batch: Batch, meta, compute_stress: bool, autograd_outputs) -> dict:
+        """Several ranks, compiled (`mlipdd.distributed.compiled_halo`); its checks run the
+        eager distributed forward on the same batch."""
+        def eager():
+            with self.strategy.model_scope(meta):
+                outputs = self._call_model(model_batch, compute_stress)
+            return self.strategy.consolidate(outputs, meta, self.spec, autograd_outputs)
+
+        with installed(self.spec):
+            return self._compiled_halo(model_batch, meta, compute_stress, eager)
 
     def _within_cutoff(self, model_batch: Batch) -> Batch:
         """At one rank, the batch with only the list's edges within the cutoff.

@@ -12,6 +12,7 @@ import io
 import multiprocessing as mp
 import os
 import queue
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,11 @@ class RankFailure(RuntimeError):
         super().__init__(f"{len(failures)} rank(s) failed:\n{text}")
 
 
+# Under pytest, a rank gets its function by importing the test module that defines it, and
+# with it pytest and what test modules import; once in the server, not 0.3-1 s a rank a launch.
+_UNDER_PYTEST = ("pytest", "ase.build", "mlipdd.testing")
+
+
 def _context():
     global _CTX
     if _CTX is None:
@@ -35,7 +41,8 @@ def _context():
         # Heavy model packages (e.g. MLIPDD_SPAWN_PRELOAD=mace.modules) are imported once in
         # the server instead of once per rank per test.
         extra = [m for m in os.environ.get("MLIPDD_SPAWN_PRELOAD", "").split(",") if m]
-        _CTX.set_forkserver_preload(["torch", "mlipdd.shard", "mlipdd.distributed.model", *extra])
+        tests = list(_UNDER_PYTEST) if "pytest" in sys.modules else []
+        _CTX.set_forkserver_preload(["torch", "mlipdd.shard", "mlipdd.distributed.model", *tests, *extra])
     return _CTX
 
 

@@ -33,13 +33,14 @@ from mlipdd.shard.placement import describe, placement_of
 from mlipdd.shard.registry import _op_name as op_name
 from mlipdd.shard.registry import register
 
-__all__ = ["LocalCount", "LocalRatio", "RowCount", "refuse_count_values"]
+__all__ = ["LocalCount", "LocalRatio", "RowCount", "counted_rows", "refuse_count_values"]
 
 
 class LocalCount(int):
     """The size of a rows dimension on this rank (NOTE [counts are sizes])."""
 
     origin = None  # (size query, placement, shape): where the count was read
+    derived = False  # computed from counts (``n * 3``): no longer the size of those rows
 
     def __new__(cls, value: int, origin=None, **_):
         count = super().__new__(cls, value)
@@ -78,7 +79,9 @@ class RowCount(LocalCount):
 
 def _tainted(result, origin):
     if type(result) is int:
-        return LocalCount(result, origin)
+        count = LocalCount(result, origin)
+        count.derived = True
+        return count
     if type(result) is float:
         return LocalRatio(result, origin)
     return result
@@ -149,6 +152,13 @@ def row_count(func, meta, args, kwargs):
         return torch.Size(count(n, d) for d, n in enumerate(out))
     dim = args[1] if len(args) > 1 else kwargs.get("dim")
     return count(out, dim + ndim if dim < 0 else dim)
+
+
+def counted_rows(size):
+    """The placement of the rows ``size`` counts (the size of a rows dim read as it is), or None."""
+    if isinstance(size, LocalCount) and not size.derived and size.origin is not None:
+        return size.origin[1]
+    return None
 
 
 # ---- where counts are refused: as values next to rows -----------------------------------

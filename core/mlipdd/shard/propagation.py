@@ -24,7 +24,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from mlipdd.shard.counts import refuse_count_values
+from mlipdd.shard.counts import counted_rows, refuse_count_values
 from mlipdd.shard.placement import Opaque, Rows, describe, placement_of
 
 __all__ = ["PROPAGATE", "NoRuleError", "declare_row_local", "output_placement"]
@@ -655,14 +655,21 @@ def _where(func, args, kwargs, out):
 
 
 def _fresh(func, args, kwargs, out):
-    """A new tensor of a given size (``x.new_zeros(n, 3)``): as many leading rows as ``x``'s
-    rows along dim 0 are rows of the same kind (``edge_vectors.new_zeros((0, 3))`` on a rank
-    with no edges and no atoms is edges, not atoms); otherwise rows by its row count, as a
+    """A new tensor of a given size (``x.new_zeros(n, 3)``). A leading size read from rows
+    (``n = positions.shape[0]``, NOTE [counts are sizes]) makes rows of that kind; a plain
+    size equal to ``x``'s own row count rows of ``x``'s kind (``edges.new_zeros((0, 3))`` on
+    a rank with no atoms and no edges is edges); otherwise rows by the row count, as a
     plain accumulator's are."""
+    if not isinstance(out, torch.Tensor) or out.dim() == 0 or func is torch.Tensor.new_tensor:
+        return None
+    size = args[1] if len(args) > 1 else kwargs.get("size")
+    lead = size[0] if isinstance(size, (tuple, list, torch.Size)) and size else size
+    counted = counted_rows(lead)
+    if counted is not None:
+        return Rows(counted.kind) if counted.kind != "opaque" else None
     x = _input(args, kwargs)
     p = placement_of(x) if getattr(x, "_meta", None) is not None else None
-    if p is not None and p.leads() and isinstance(out, torch.Tensor) and out.dim() > 0 \
-            and out.shape[0] == x.shape[0]:
+    if p is not None and p.leads() and out.shape[0] == x.shape[0]:
         return Rows(p.kind)
     return None
 

@@ -8,8 +8,9 @@ Per model and backend, at one rank, float64:
   (the compiled one at its caps, padding included), and the largest |dF| between them;
 * ``compile s``: wall time of the calls that compiled (both stress flags), ``graphs`` the
   graphs the backend built (1 per compile: no graph break);
-* ``MD``: NVE under `DomainParallel` at one rank (what ``mlipdd run --compile`` runs), steps/s
-  after a warm-up, with the neighbour-list rebuilds and the recompiles of the timed steps.
+* ``MD``: the same `DistributedModel` driving NVE under `DomainParallel` at one rank (what
+  ``mlipdd run --compile`` runs), steps/s after a warm-up, with the neighbour-list rebuilds
+  and the recompiles of the timed steps.
 """
 
 from __future__ import annotations
@@ -48,24 +49,24 @@ def config(model, backend):
     return DomainConfig(cutoff=model.cutoff, skin=SKIN, **extra)
 
 
-def force_call(model, system, backend, repeats):
-    dm = DistributedModel(model, config(model, backend))
+def force_call(dm, system, repeats):
+    """ms per energy + forces call; the first calls (with and without stress: the compiles) apart."""
     owned = dm.partition(system())
     start = time.perf_counter()
     first = dm(owned)
     dm(owned, compute_stress=True)
     warm = time.perf_counter() - start
     ms = 1e3 * median_time(lambda: dm(owned), repeats, warmup=2)
-    return dm, first["forces"], ms, warm
+    return first["forces"], ms, warm
 
 
-def md(model, system, backend, steps):
-    dm = DistributedModel(model, config(model, backend))
+def md(dm, system, steps):
+    """The same DistributedModel (its compiled graphs) driving NVE."""
     full = system()
     initialize_velocities(full, 300.0, seed=1)
     with DomainParallel(NVE(dm, 2.0), n_steps=20) as dp:
         dp.partition(full)
-        dp.run()  # warm-up: the compiles
+        dp.run()  # warm-up
         before = (dm.compile_stats or {}).get("compiles", 0)
         rebuilds = dp.strategy.rebuilds
         dp.n_steps = steps
@@ -89,15 +90,17 @@ def main(argv=None):
     for name, (model, system) in models().items():
         if name not in args.models.split(","):
             continue
-        _, eager_forces, eager_ms, _ = force_call(model, system, "eager", args.repeats)
-        eager_md, rebuilds, _ = md(model, system, "eager", args.steps)
+        eager = DistributedModel(model, config(model, "eager"))
+        eager_forces, eager_ms, _ = force_call(eager, system, args.repeats)
+        eager_md, rebuilds, _ = md(eager, system, args.steps)
         rows.append({"model": name, "atoms": system().num_atoms, "force call": "eager", "ms": eager_ms,
                      "MD steps/s": eager_md, "rebuilds": rebuilds})
         print(rows[-1], flush=True)
         for backend in args.backends.split(","):
-            dm, forces, ms, warm = force_call(model, system, backend, args.repeats)
+            dm = DistributedModel(model, config(model, backend))
+            forces, ms, warm = force_call(dm, system, args.repeats)
+            rate, rebuilds, recompiles = md(dm, system, args.steps)
             stats = dm.compile_stats
-            rate, rebuilds, recompiles = md(model, system, backend, args.steps)
             rows.append({"model": name, "atoms": system().num_atoms, "force call": backend, "ms": ms,
                          "max dF": float((forces - eager_forces).abs().max()), "compile s": stats["compile_seconds"],
                          "first calls s": warm, "graphs": stats["graphs"], "MD steps/s": rate,

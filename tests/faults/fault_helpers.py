@@ -14,20 +14,34 @@ SMALL_RUN = ["--size", "3", "--log-every", "0", "--progress", "off", "--device",
 LONG = ["--steps", "1000000"]  # runs until a test stops it
 
 
-def mlipdd_command(*args: str) -> list[str]:
+def mlipdd_command(*args: str, failure_grace_s: float | None = None,
+                   kill_after_s: float | None = None) -> list[str]:
+    """The installed ``mlipdd`` command. ``failure_grace_s`` / ``kill_after_s`` shorten the
+    launcher's waits (`mlipdd.distributed.supervise`: 15 s for the other ranks of a failed
+    run to stop by themselves, 5 s from SIGTERM to SIGKILL) in the launcher process only,
+    for cases that wait them out on purpose: a rank that cannot stop by itself (suspended,
+    or left at the rendezvous) is ended by the launcher all the same, only sooner."""
+    patch = ""
+    if failure_grace_s is not None or kill_after_s is not None:
+        patch = "import mlipdd.distributed.supervise as s; "
+        if failure_grace_s is not None:
+            patch += f"s.FAILURE_GRACE_S = {float(failure_grace_s)!r}; "
+        if kill_after_s is not None:
+            patch += f"s.KILL_AFTER_S = {float(kill_after_s)!r}; "
     return [
         sys.executable,
         "-c",
-        "import sys; from mlipdd.cli import main; sys.exit(main())",
+        f"import sys; {patch}from mlipdd.cli import main; sys.exit(main())",
         *args,
     ]
 
 
-def start_run(tmp_path: Path, *args: str) -> subprocess.Popen:
-    """``mlipdd run ARGS`` in ``tmp_path``; stdout/stderr go to files there."""
+def start_run(tmp_path: Path, *args: str, **launcher_waits: float) -> subprocess.Popen:
+    """``mlipdd run ARGS`` in ``tmp_path``; stdout/stderr go to files there.
+    ``launcher_waits``: `mlipdd_command`'s ``failure_grace_s`` / ``kill_after_s``."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.Popen(
-        mlipdd_command("run", *args),
+        mlipdd_command("run", *args, **launcher_waits),
         cwd=tmp_path,
         env=env,
         stdout=open(tmp_path / "stdout.txt", "w"),

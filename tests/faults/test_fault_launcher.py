@@ -33,7 +33,7 @@ WRITES_FILES = ("--trajectory", "md.extxyz", "--trajectory-every", "2",
                 "--checkpoint", "state.pt", "--checkpoint-every", "1000000")
 
 
-def _running(tmp_path, *extra):
+def _running(tmp_path, *extra, **launcher_waits):
     """A 2-rank run that writes a trajectory and a checkpoint, once it has taken steps."""
     launcher = start_run(
         tmp_path,
@@ -43,6 +43,7 @@ def _running(tmp_path, *extra):
         *LONG,
         *WRITES_FILES,
         *extra,
+        **launcher_waits,
     )
     ranks = rank_pids(launcher, 2)
     wait_for_file(tmp_path / "md.extxyz", launcher)  # the first frame: the ranks are stepping
@@ -106,8 +107,9 @@ def test_a_rank_killed_mid_run_is_named_and_the_exit_code_is_small(tmp_path):
 
 def test_a_rank_killed_during_start_up_is_named(tmp_path):
     """L4: rank 1 dies before joining the group; rank 0, waiting for it at the rendezvous,
-    is ended by the launcher after the grace period; exit 1, rank 1 named."""
-    launcher = start_run(tmp_path, "--nproc", "2", *SMALL_RUN, *LONG)
+    is ended by the launcher after the grace period (5 s here, not 15: rank 0 cannot
+    end by itself, so the full wait adds nothing); exit 1, rank 1 named."""
+    launcher = start_run(tmp_path, "--nproc", "2", *SMALL_RUN, *LONG, failure_grace_s=5)
     ranks = rank_pids(launcher, 2)
     os.kill(ranks[1], signal.SIGKILL)
     assert finish(launcher, timeout=90) == 1
@@ -118,8 +120,11 @@ def test_a_rank_killed_during_start_up_is_named(tmp_path):
 
 def test_a_suspended_rank_fails_the_run_at_the_collective_timeout(tmp_path):
     """L5: a SIGSTOPped rank blocks the others only for --collective-timeout seconds; the
-    message names the timeout setting and the suspended rank."""
-    launcher, ranks = _running(tmp_path, "--collective-timeout", "4")
+    message names the timeout setting and the suspended rank. A suspended rank can neither
+    fail by itself nor act on SIGTERM, so the launcher's 15 + 5 s of patience are 1 + 1 s
+    here: it is SIGKILLed and named just the same."""
+    launcher, ranks = _running(tmp_path, "--collective-timeout", "4", failure_grace_s=1,
+                               kill_after_s=1)
     os.kill(ranks[1], signal.SIGSTOP)
     assert finish(launcher, timeout=90) == 1
     err = stderr_of(tmp_path)

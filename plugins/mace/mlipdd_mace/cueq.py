@@ -38,7 +38,7 @@ import warnings
 
 import torch
 
-from mlipdd.shard import NoRuleError, ShardTensor, local, placement_of
+from mlipdd.shard import FIRED, NoRuleError, ShardTensor, local, placement_of
 
 INSTALL_HINT = (
     "pip install 'mlipdd[cueq]' (CUDA 12 kernels), 'mlipdd[cueq-cu13]' (CUDA 13) or "
@@ -176,6 +176,7 @@ def _sender_table(nodes: torch.Tensor) -> torch.Tensor:
 
 def _row_local(original, inputs, input_indices, output_shapes, output_indices, rows):
     """A call in which every output row comes from the same rows of the inputs."""
+    FIRED["mace_cueq:row_local"] += 1
     place = dataclasses.replace(rows[0], values=None, stale=any(p.stale for p in rows))
     meta = next(t.meta for t in (*inputs, *input_indices.values()) if _rows_of(t) is not None)
     outs = original([local(t) for t in inputs], {k: local(v) for k, v in input_indices.items()},
@@ -186,11 +187,22 @@ def _row_local(original, inputs, input_indices, output_shapes, output_indices, r
 def _fused_convolution(original, inputs, input_indices, output_shapes, output_indices):
     """Gather from the sender table, product, and receiver sums in the fused kernel on this
     rank's rows, then one scatter into node rows completes the sums across ranks."""
+    FIRED["mace_cueq:fused_conv"] += 1
     tables = {k: _sender_table(inputs[k]) for k, idx in input_indices.items() if _is_sender_index(inputs[k], idx)}
     plain = [local(tables.get(k, t)) for k, t in enumerate(inputs)]
-    outs = original(plain, {k: local(v) for k, v in input_indices.items()},
-                    {k: local(v) for k, v in output_shapes.items()},
-                    {k: local(v) for k, v in output_indices.items()})
+    if all(local(v).shape[0] == 0 for v in output_indices.values()):
+        # a rank without edges (a slab's vacuum) sums nothing, but still joins the scatter's
+        # exchange below, in the forward and (zeros tied to the inputs) in the backward;
+        # cuEq's reference kernels mistake an empty receiver list for none
+        module = original.__self__
+        like = plain[next(iter(input_indices))]
+        tie = sum(t.sum() for t in plain if t.requires_grad) * 0
+        outs = [like.new_zeros((local(output_shapes[k]).shape[0], operand.size)) + tie
+                for k, operand in enumerate(module._polynomial_orig.outputs)]
+    else:
+        outs = original(plain, {k: local(v) for k, v in input_indices.items()},
+                        {k: local(v) for k, v in output_shapes.items()},
+                        {k: local(v) for k, v in output_indices.items()})
     done = []
     for k, out in enumerate(outs):
         target = output_shapes.get(k)
@@ -242,6 +254,7 @@ def _row_local_transpose(original, x):
     place = _rows_of(x)
     if place is None:
         return original(x)
+    FIRED["mace_cueq:transpose"] += 1
     return ShardTensor.wrap(original(local(x)), x.meta, place)
 
 

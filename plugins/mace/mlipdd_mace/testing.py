@@ -113,6 +113,85 @@ def random_mace_wrapper(chunk_atoms: int | None = None, cueq: bool = False, **kw
     return MACEWrapper(random_mace(**kwargs), chunk_atoms=chunk_atoms, cueq=cueq)
 
 
+def cueq_mace_wrapper(device: str = "cpu", conv_fusion: bool | None = None, chunk_atoms: int | None = None,
+                      **kwargs):
+    """`random_mace(**kwargs)` moved to ``device`` and converted there by mace's converter (on
+    CUDA its convolutions are fused unless ``conv_fusion=False``), as a `MACEWrapper`."""
+    from mlipdd_mace.wrapper import MACEWrapper
+
+    return MACEWrapper(random_mace(**kwargs).to(device), chunk_atoms=chunk_atoms, cueq=True,
+                       conv_fusion=conv_fusion)
+
+
+class ReferenceFusedConvolution(torch.nn.Module):
+    """cuEq's fused convolution (gather senders, channel-wise product, sum into receivers in
+    one polynomial call, as mace builds it with ``conv_fusion`` on CUDA) evaluated by
+    cuequivariance's torch reference kernels, so a CPU can run that calling convention.
+
+    mace's own fused form needs the CUDA kernel's object to be built; this builds the same
+    polynomial from the converted block's channel-wise product (same irreps, same weights
+    from the block's radial MLP, ir_mul layout) and makes the same call.
+    """
+
+    def __init__(self, channelwise, dtype: torch.dtype):
+        super().__init__()
+        import cuequivariance as cue
+        import cuequivariance_torch as cuet
+
+        descriptor = cue.descriptors.channelwise_tensor_product(
+            channelwise.irreps_in1, channelwise.irreps_in2, channelwise.irreps_out)
+        self.polynomial = cuet.SegmentedPolynomial(
+            descriptor.flatten_coefficient_modes().squeeze_modes().polynomial, method="naive",
+            math_dtype=dtype)
+
+    def forward(self, node_feats, edge_attrs, tp_weights, edge_index):
+        sender, receiver = edge_index[0], edge_index[1]
+        return self.polynomial([tp_weights, node_feats, edge_attrs], {1: sender}, {0: node_feats},
+                               {0: receiver})[0]
+
+
+def reference_fused_cueq_wrapper(**kwargs):
+    """`cueq_mace_wrapper(**kwargs)` (CPU, unfused) with every convolution in the fused form
+    (`ReferenceFusedConvolution`), flagged ``conv_fusion`` as mace flags its fused blocks."""
+    from mlipdd_mace.wrapper import MACEWrapper
+
+    model = cueq_mace_wrapper(**kwargs).model
+    for block in model.interactions:
+        block.conv_tp = ReferenceFusedConvolution(block.conv_tp, next(model.parameters()).dtype)
+        block.conv_fusion = True
+    return MACEWrapper(model)
+
+
+def outputs_per_strategy(rank, world_size, model_factory, batches, strategies, device="cpu"):
+    """Spawned-rank worker: one model per rank (a cuEq conversion is slow), then for each
+    strategy and system one distributed forward with stress; owned forces, the replicated
+    energy and stress, ghost rows read, and how often the cuEq row rules fired
+    (`mlipdd_mace.cueq`), all on the CPU."""
+    from mlipdd.distributed import DistributedModel, DomainConfig
+    from mlipdd.shard import FIRED
+    from mlipdd.testing.conformance import build_model
+
+    model = build_model(model_factory, device)
+    results = {}
+    for strategy in strategies:
+        for i, batch in enumerate(batches):
+            before = sum(v for k, v in FIRED.items() if k.startswith("mace_cueq"))
+            fused_before = FIRED["mace_cueq:fused_conv"]
+            dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, strategy=strategy))
+            owned = dm.partition(batch if rank == 0 else None, device=device)
+            out = dm(owned, compute_stress=True)
+            results[strategy, i] = {
+                "atom_ids": owned.atom_ids.cpu(),
+                "energy": out["energy"].detach().cpu(),
+                "forces": out["forces"].detach().cpu(),
+                "stress": out["stress"].detach().cpu(),
+                "n_ghost": dm.strategy.state.plan.n_ghost,
+                "cueq_rule_calls": sum(v for k, v in FIRED.items() if k.startswith("mace_cueq")) - before,
+                "cueq_fused_calls": FIRED["mace_cueq:fused_conv"] - fused_before,
+            }
+    return results
+
+
 def distributed_outputs_of_each(rank, world_size, model_factory, batches, compute_stress=True,
                                 config_kwargs=None):
     """Spawned-rank worker: `mlipdd.testing.conformance.distributed_outputs` for several

@@ -1,0 +1,178 @@
+"""cuEquivariance MACE (mace's convert_e3nn_cueq) as a wrapper path, alone and distributed.
+
+On CPU cuequivariance-torch runs its torch reference kernels (``method="naive"``) in
+float64, so the same polynomial calls as on the GPU go through `mlipdd_mace.cueq`'s row
+rules (counted: a run that never reached them tests nothing); float64 tolerances as the
+e3nn suite (measured 1e-15). mace builds its fused convolution only around the CUDA
+kernel; `reference_fused_cueq_wrapper` makes the same fused call on the reference kernels,
+and the GPU machine runs mace's own (.old/gpu/cueq_dd_check.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mlipdd.testing.conformance import gather_by_id, relative_difference
+from mlipdd.testing.spawn import run_ranks
+from mlipdd.testing.systems import slab, small_cell, triclinic
+from mlipdd_mace.testing import (
+    cueq_mace_wrapper,
+    outputs_per_strategy,
+    random_mace,
+    reference_fused_cueq_wrapper,
+)
+from mlipdd_mace.wrapper import MACEWrapper
+
+SPECIES = (1, 6, 8)
+# max_ell 2 / correlation 2 / 8 channels: cuEq's reference kernels are built per layer when
+# a model is converted (a few seconds each rank), small keeps that short
+ARCH = {"elements": SPECIES, "r_max": 4.0, "channels": 8, "max_ell": 2, "correlation": 2,
+        "dtype": torch.float64, "seed": 0}
+KEYS = ("energy", "forces", "stress", "energies")
+
+
+def _systems():
+    return {
+        "triclinic": triclinic(species=SPECIES, spacing=2.5, reps=4),
+        "small_cell": small_cell(species=SPECIES, spacing=2.5, reps=2),
+        "slab": slab(species=SPECIES, spacing=2.5, reps=(4, 4, 2), vacuum=6.0),
+    }
+
+
+@pytest.fixture(scope="module")
+def cueq_model():
+    return cueq_mace_wrapper(**ARCH)
+
+
+def _assert_same(out, ref, tol=1e-10):
+    for key in KEYS:
+        if key in ref:
+            assert relative_difference(out[key].detach(), ref[key].detach()) < tol, key
+
+
+def test_cueq_equals_e3nn_and_says_so(cueq_model):
+    e3nn = MACEWrapper(random_mace(**ARCH))
+    assert cueq_model.model_config.extra["cuequivariance"] is True
+    assert cueq_model.model_config.extra["tensor_products"] == "cuequivariance (unfused conv, torch reference kernels)"
+    assert "tensor_products='cuequivariance (unfused conv" in repr(cueq_model)
+    assert e3nn.model_config.extra["tensor_products"] == "e3nn" and not e3nn.cuequivariance
+    for batch in _systems().values():
+        _assert_same(cueq_model(batch.clone(), compute_stress=True), e3nn(batch.clone(), compute_stress=True))
+    before = torch.get_default_dtype()
+    assert e3nn.to_cueq().cuequivariance and cueq_model.to_cueq() is cueq_model
+    assert torch.get_default_dtype() == before, "the converter's default dtype must not leak"
+
+
+@pytest.mark.mlipdd_conformance(world_sizes=(2, 3))
+def test_cueq_distributed_equals_one_cueq_process(cueq_model, world_size):
+    """gloo ranks vs one cuEq process, halo and sharded storage: triclinic, own images,
+    vacuum (a rank of the slab may own no atom under sharded storage)."""
+    systems = _systems()
+    refs = {name: cueq_model(b.clone(), compute_stress=True) for name, b in systems.items()}
+    factory = functools.partial(cueq_mace_wrapper, **ARCH)
+    strategies = ("halo", "sharded")
+    parts = run_ranks(outputs_per_strategy, world_size, factory, list(systems.values()), strategies, timeout=600)
+    for strategy in strategies:
+        assert sum(p[strategy, i]["n_ghost"] for p in parts for i in range(len(systems))) > 0, "no remote row read"
+        for i, (name, batch) in enumerate(systems.items()):
+            per_rank = [p[strategy, i] for p in parts]
+            assert all(o["cueq_rule_calls"] > 0 for o in per_rank), "the cuEq row rules never ran"
+            forces = gather_by_id(per_rank, "forces", batch.num_atoms)
+            ref = refs[name]
+            where = f"{strategy} {name}"
+            assert relative_difference(per_rank[0]["energy"], ref["energy"].detach()) < 1e-12, where
+            assert relative_difference(forces, ref["forces"].detach()) < 1e-10, where
+            assert relative_difference(per_rank[0]["stress"], ref["stress"].detach()) < 1e-10, where
+
+
+def test_chunked_cueq_equals_plain_cueq(cueq_model):
+    batch = _systems()["triclinic"]
+    ref = cueq_model(batch.clone(), compute_stress=True)
+    for chunk_atoms in (1, 7):
+        _assert_same(MACEWrapper(cueq_model.model, chunk_atoms=chunk_atoms)(batch.clone(), compute_stress=True), ref)
+    estimate = MACEWrapper(cueq_model.model, chunk_atoms=1000).memory_estimate(100_000, 4_500_000)
+    assert estimate["bytes"] < estimate["plain_bytes"]
+
+
+def test_chunked_cueq_distributed_equals_plain_cueq(cueq_model):
+    systems = _systems()
+    refs = {name: cueq_model(b.clone(), compute_stress=True) for name, b in systems.items()}
+    factory = functools.partial(cueq_mace_wrapper, chunk_atoms=3, **ARCH)
+    parts = run_ranks(outputs_per_strategy, 2, factory, list(systems.values()), ("sharded",), timeout=600)
+    for i, (name, batch) in enumerate(systems.items()):
+        per_rank = [p["sharded", i] for p in parts]
+        forces = gather_by_id(per_rank, "forces", batch.num_atoms)
+        assert relative_difference(forces, refs[name]["forces"].detach()) < 1e-10, name
+        assert relative_difference(per_rank[0]["stress"], refs[name]["stress"].detach()) < 1e-10, name
+
+
+def test_from_file_cueq_round_trip(tmp_path, cueq_model):
+    batch = _systems()["small_cell"]
+    ref = cueq_model(batch.clone(), compute_stress=True)
+    e3nn_file, cueq_file = tmp_path / "e3nn.model", tmp_path / "cueq.model"
+    torch.save(random_mace(**ARCH), e3nn_file)
+    converted = MACEWrapper.from_file(e3nn_file, cueq=True)
+    assert converted.cuequivariance
+    _assert_same(converted(batch.clone(), compute_stress=True), ref)
+    torch.save(converted.model, cueq_file)
+    loaded = MACEWrapper.from_file(cueq_file)  # a converted file stays converted
+    assert loaded.model_config.extra["tensor_products"] == converted.model_config.extra["tensor_products"]
+    _assert_same(loaded(batch.clone(), compute_stress=True), ref)
+    float32 = MACEWrapper.from_file(e3nn_file, dtype=torch.float32, cueq=True)
+    assert float32.dtype == torch.float32 and float32.cuequivariance
+
+
+def test_messages_without_cuequivariance_or_cuda(monkeypatch):
+    model = random_mace(**ARCH)
+    with pytest.raises(ValueError, match="conv_fusion=True needs the model on a CUDA device"):
+        MACEWrapper(model, cueq=True, conv_fusion=True)
+    with pytest.raises(ValueError, match="pass cueq=True with it"):
+        MACEWrapper(model, conv_fusion=False)
+    monkeypatch.setitem(sys.modules, "cuequivariance_torch", None)  # import fails as if not installed
+    with pytest.raises(ImportError, match=r"needs cuequivariance-torch.*mlipdd\[cueq\]"):
+        MACEWrapper(model, cueq=True)
+
+
+def test_loading_a_cueq_file_without_cuequivariance(tmp_path, cueq_model):
+    path = tmp_path / "cueq.model"
+    torch.save(cueq_model.model, path)
+    script = (
+        "import sys; sys.modules['cuequivariance_torch'] = None; sys.modules['cuequivariance'] = None\n"
+        "from mlipdd_mace.wrapper import MACEWrapper\n"
+        "try:\n"
+        f"    MACEWrapper.from_file({str(path)!r})\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    assert "holds a cuEquivariance MACE model" in done.stdout and "mlipdd[cueq]" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.mlipdd_conformance(world_sizes=(2, 3))
+def test_fused_convolution_distributed_equals_one_process(cueq_model, world_size):
+    """mace's fused-convolution call (senders as an input index, receivers as an output
+    index) on cuEq's reference kernels: the rule that gives it the sender table and
+    completes the receiver sums, under halo and sharded storage, vs one process."""
+    fused = reference_fused_cueq_wrapper(**ARCH)
+    assert fused.model_config.extra["tensor_products"] == "cuequivariance (fused conv, torch reference kernels)"
+    systems = _systems()
+    refs = {name: fused(b.clone(), compute_stress=True) for name, b in systems.items()}
+    for name, batch in systems.items():  # the fused form is the same model as the unfused one
+        _assert_same(refs[name], cueq_model(batch.clone(), compute_stress=True), tol=1e-11)
+    strategies = ("halo", "sharded")
+    factory = functools.partial(reference_fused_cueq_wrapper, **ARCH)
+    parts = run_ranks(outputs_per_strategy, world_size, factory, list(systems.values()), strategies, timeout=600)
+    for strategy in strategies:
+        for i, (name, batch) in enumerate(systems.items()):
+            per_rank = [p[strategy, i] for p in parts]
+            assert all(o["cueq_fused_calls"] > 0 for o in per_rank), "the fused-conv rule never ran"
+            forces = gather_by_id(per_rank, "forces", batch.num_atoms)
+            where = f"{strategy} {name}"
+            assert relative_difference(per_rank[0]["energy"], refs[name]["energy"].detach()) < 1e-12, where
+            assert relative_difference(forces, refs[name]["forces"].detach()) < 1e-10, where
+            assert relative_difference(per_rank[0]["stress"], refs[name]["stress"].detach()) < 1e-10, where

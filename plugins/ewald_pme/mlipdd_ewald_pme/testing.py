@@ -466,3 +466,16 @@ def reciprocal_only(mesh: str = "distributed", cutoff: float = 8.0, accuracy: fl
     spline = {"distributed": None, "replicated": "torch", "warp": "warp"}[mesh]  # "warp": replicated, Warp kernels
     return ReciprocalOnly(cutoff=1.0, accuracy=accuracy, alpha=alpha, mesh="distributed" if mesh == "distributed"
                           else "replicated", spline=spline)
+
+
+def qeq_pme(mesh: str = "distributed"):
+    """Charge equilibration feeding PME (``ChargeCoupled``): the charges' gradients cross the
+    mesh exchanges; ``mesh="replicated"`` with the torch splines is its reference."""
+    from mlipdd.testing.qeq_model import QEqModel
+
+    from mlipdd_ewald_pme.coupled import ChargeCoupled
+    from mlipdd_ewald_pme.wrappers import PMEWrapper
+
+    spline = "torch" if mesh == "replicated" else None
+    return ChargeCoupled(QEqModel(cutoff=4.0, species=(11, 17), seed=1),
+                         PMEWrapper(cutoff=6.0, accuracy=1e-6, mesh=mesh, spline=spline))

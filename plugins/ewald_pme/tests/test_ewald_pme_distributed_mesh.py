@@ -24,6 +24,7 @@ from mlipdd_ewald_pme.testing import (
     configured_cases,
     dipolar_slab,
     offset_slab,
+    qeq_pme,
     random_charges,
     rock_salt,
     torchpme_reference,
@@ -67,6 +68,7 @@ def _cases():
         ("slab correction", *_pair(slab_correction=True), dipolar_slab(12.0, neutral=False), {"grid": "z"}, 1e-12),
         ("rank without charges", *_pair(), offset_slab(30.0), {"grid": "z"}, 1e-12),
         ("sharded", *_pair(), small, {"strategy": "sharded"}, 1e-12),
+        ("QEq charges", functools.partial(qeq_pme, "replicated"), qeq_pme, small, {}, 1e-12),
         ("float32", *_pair(), _float32(small), {}, 2e-5),
         ("torch-pme", *_pair(**TORCHPME), small, {}, 1e-12),
     ]

@@ -132,7 +132,8 @@ def test_a_device_this_machine_lacks_is_one_line(capsys, device):
 
 
 # ---- outputs, written inside the ranks --------------------------------------------------
-def _run(tmp_path, *args, fsize_limit=None, drop_root=False):
+def _run(tmp_path, *args, fsize_limit=None, drop_root=False, command=None):
+    """``mlipdd run RUN_IN_SUBPROCESS ARGS`` in a subprocess (or ``command``, as given)."""
     prefix = []
     if drop_root and os.geteuid() == 0:
         if shutil.which("setpriv") is None:
@@ -145,19 +146,54 @@ def _run(tmp_path, *args, fsize_limit=None, drop_root=False):
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
 
     return subprocess.run(
-        [*prefix, *mlipdd_command("run", *RUN_IN_SUBPROCESS, *args)], cwd=tmp_path,
+        [*prefix, *(command or mlipdd_command("run", *RUN_IN_SUBPROCESS, *args))], cwd=tmp_path,
         env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=180,
         preexec_fn=limit, check=False)
 
 
+OUTPUT_FLAGS = ("--trajectory", "--checkpoint", "--thermo-csv", "--log-file")
+# `mlipdd run` refuses an unwritable output in its own process, before any rank starts, so
+# one unprivileged process runs every (flag, nproc) case through the command's entry point
+# `main`: one interpreter and torch import instead of eight. Were the check left to the
+# ranks, the --nproc 2 cases would start them and their error would not be the one line.
+_EVERY_READ_ONLY_CASE = """
+import contextlib, io, json, sys
+from mlipdd.cli import main
+results = {}
+for flag, nproc in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = main(["run", *json.loads(sys.argv[2]), flag, "ro/out.file", "--steps", "2",
+                         "--nproc", str(nproc)])
+        except SystemExit as exc:
+            code = exc.code
+    results[f"{flag} {nproc}"] = {"code": code, "stderr": err.getvalue()}
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def read_only_refusals(tmp_path_factory) -> dict:
+    import json
+    import sys
+
+    work = tmp_path_factory.mktemp("read_only")
+    (work / "ro").mkdir()
+    (work / "ro").chmod(0o555)
+    cases = [[flag, nproc] for flag in OUTPUT_FLAGS for nproc in (1, 2)]
+    out = _run(work, drop_root=True, command=[sys.executable, "-c", _EVERY_READ_ONLY_CASE,
+                                              json.dumps(cases), json.dumps(RUN_IN_SUBPROCESS)])
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("nproc", [1, 2])
-@pytest.mark.parametrize("flag", ["--trajectory", "--checkpoint", "--thermo-csv", "--log-file"])
-def test_a_read_only_output_directory_is_one_line_before_the_run(tmp_path, nproc, flag):
-    (tmp_path / "ro").mkdir()
-    (tmp_path / "ro").chmod(0o555)
-    result = _run(tmp_path, flag, "ro/out.file", "--steps", "2", "--nproc", str(nproc), drop_root=True)
-    assert result.returncode == 2, result.stderr
-    line = one_error_line(result.stderr)
+@pytest.mark.parametrize("flag", OUTPUT_FLAGS)
+def test_a_read_only_output_directory_is_one_line_before_the_run(read_only_refusals, nproc, flag):
+    result = read_only_refusals[f"{flag} {nproc}"]
+    assert result["code"] == 2, result["stderr"]
+    line = one_error_line(result["stderr"])
     assert "ro/out.file" in line and "Permission denied" in line and flag in line
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 from mlipdd.data import AtomicData, Batch, InputError
-from mlipdd.distributed import DistributedInputError, DistributedModel, DomainConfig, StrategyKind
+from mlipdd.distributed import DistributedModel, DomainConfig, StrategyKind
 from mlipdd.shard import FIRED
 from mlipdd.spec.presets import SPEC_LOCAL
 from mlipdd.testing import run_ranks
@@ -152,24 +152,15 @@ def test_halo_style_model_served_by_sharded_storage(world_size):
     result.assert_close()
 
 
-def _ambiguous_worker(rank, world_size, batch):
-    model = qeq()
-    dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, strategy=StrategyKind.SHARDED, grid=(2, 1, 1)))
-    owned = dm.partition(batch if rank == 0 else None)
-    try:
-        dm(owned)
-    except DistributedInputError as exc:
-        return str(exc)
-    except InputError as exc:
-        return str(exc)
-    return "no error"
-
-
-def test_rank_owning_as_many_atoms_as_systems_is_refused_on_every_rank():
+def test_rank_owning_as_many_atoms_as_systems_equals_one_process():
+    """One atom per rank, one system: per-atom and per-system rows have the same count; the
+    charge equilibration's per-system scatters are read by their index's placement
+    (``batch.batch``), so the run equals one process (it was refused before placements)."""
     cell = torch.eye(3, dtype=torch.float64) * 10.0
     data = AtomicData(positions=[[2.0, 5.0, 5.0], [7.0, 5.0, 5.5]], atomic_numbers=[8, 1], cell=cell, pbc=True)
-    messages = run_ranks(_ambiguous_worker, 2, Batch.from_data_list([data]))
-    assert all("as many as there are systems" in m and "fewer ranks" in m for m in messages)
+    result = check_conformance(qeq, Batch.from_data_list([data]), 2,
+                               config_kwargs={"strategy": "sharded", "grid": (2, 1, 1)})
+    result.assert_close()
 
 
 def test_local_policy_is_refused_with_the_fix():

@@ -11,7 +11,7 @@ For each size and tensor-product backend (``cueq``: mace's own `convert_e3nn_cue
   Verlet list with a 0.5 A skin, rebuilds, NaN checks, the integrator), eager and graphed,
   as steps/s over ``--steps`` steps after a warm-up.
 
-compile=True (issue 22, item 1) has no column: it is not built yet.
+compile=True is measured beside eager and graphed in `benchmarks/compile_gpu.py`.
 """
 
 from __future__ import annotations

@@ -36,13 +36,13 @@ def _system(n_atoms):
     return rock_salt((cells, cells, cells), rattle=0.1, seed=0)
 
 
-def _run(rank, world_size, batch, mode):
+def _run(rank, world_size, batch, mode, mesh_spacing=None):
     from mlipdd.distributed import DistributedModel, DomainConfig
     from mlipdd_ewald_pme import distributed_pme
     from mlipdd_ewald_pme.testing import reciprocal_only
 
     torch.set_num_threads(1)
-    model = reciprocal_only(mode, CUTOFF, ACCURACY)  # "warp": replicated, nvalchemiops' splines
+    model = reciprocal_only(mode, CUTOFF, ACCURACY, mesh_spacing)  # "warp": replicated, nvalchemiops' splines
     dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=0.0))
     owned = dm.partition(batch if rank == 0 else None)
     out = dm(owned)  # builds the halo
@@ -70,6 +70,8 @@ def main():
     parser.add_argument("--ranks", default="1,2,3,4")
     parser.add_argument("--modes", default="replicated,distributed")
     parser.add_argument("--name", default="pme_distributed")
+    parser.add_argument("--mesh-spacing", type=float, default=None,
+                        help="A; default: the mesh from the error estimate (its search costs minutes at 1M ions)")
     args = parser.parse_args()
     rows = []
     for size in (int(s) for s in args.sizes.split(",")):
@@ -78,7 +80,7 @@ def main():
             row = {"atoms": batch.num_atoms, "ranks": ranks}
             energies = {}
             for mode in args.modes.split(","):
-                parts = run_ranks(_run, ranks, batch, mode, timeout=3000)
+                parts = run_ranks(_run, ranks, batch, mode, args.mesh_spacing, timeout=3000)
                 row["mesh"] = "x".join(map(str, parts[0]["dims"]))
                 row[f"{mode} s/call"] = max(p["seconds"] for p in parts)
                 row[f"{mode} mesh MB/rank"] = max(p["mesh_bytes"] for p in parts) / 2**20

@@ -452,7 +452,8 @@ def offset_slab(vacuum: float = 30.0) -> Batch:
     return batch
 
 
-def reciprocal_only(mesh: str = "distributed", cutoff: float = 8.0, accuracy: float = 1e-4):
+def reciprocal_only(mesh: str = "distributed", cutoff: float = 8.0, accuracy: float = 1e-4,
+                    mesh_spacing: float | None = None):
     """PME's reciprocal part alone (benchmarks): the splitting of ``cutoff`` and
     ``accuracy``, but a 1 A neighbour list and halo, so that the mesh is what is timed."""
     from mlipdd_ewald_pme.wrappers import PMEWrapper, _splitting
@@ -465,7 +466,7 @@ def reciprocal_only(mesh: str = "distributed", cutoff: float = 8.0, accuracy: fl
     alpha, _ = _splitting(cutoff, accuracy, None)
     spline = {"distributed": None, "replicated": "torch", "warp": "warp"}[mesh]  # "warp": replicated, Warp kernels
     return ReciprocalOnly(cutoff=1.0, accuracy=accuracy, alpha=alpha, mesh="distributed" if mesh == "distributed"
-                          else "replicated", spline=spline)
+                          else "replicated", spline=spline, mesh_spacing=mesh_spacing)
 
 
 def qeq_pme(mesh: str = "distributed"):

@@ -120,3 +120,12 @@ def test_distributed_mesh_equals_replicated(single_process, world_size):
     _, ny, nz = cases[0][2]().mesh_dimensions(cases[0][3].cell)[0]
     largest = max(p[0]["mesh_bytes"] for p in parts)
     assert largest <= 1.1 * one_rank_bytes / world_size + 2 * 6 * ny * nz * 8, (largest, one_rank_bytes)
+
+
+def test_mesh_options_refused_with_the_fix():
+    from mlipdd.data import InputError
+
+    with pytest.raises(InputError, match="mesh must be one of"):
+        PMEWrapper(mesh="pencils")
+    with pytest.raises(InputError, match="spline='warp' has no distributed form"):
+        PMEWrapper(mesh="distributed", spline="warp")

@@ -157,7 +157,10 @@ class MACEWrapper(ModelWrapper):
                 f"{str(path)!r} holds a cuEquivariance MACE model, and {exc.name} is not installed; "
                 f"{INSTALL_HINT}"
             ) from exc
-        model = model if dtype is None else model.to(dtype)
+        # map_location moves parameters and buffers; e3nn's generated modules keep some
+        # constants (Wigner 3j tables) as plain attributes, which only .to(device) moves
+        # (on the H200 an e3nn file loaded with device="cuda" failed in a tensordot)
+        model = model.to(device) if dtype is None else model.to(device=device, dtype=dtype)
         return cls(model, head=head, chunk_atoms=chunk_atoms, cueq=cueq, conv_fusion=conv_fusion)
 
     @classmethod

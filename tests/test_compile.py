@@ -164,19 +164,29 @@ def test_compiled_that_differs_from_eager_is_refused():
         compiled(owned)
 
 
-def test_new_atomic_numbers_are_checked_again():
-    """Integer inputs are not in dynamo's guards: new atomic numbers mean a new eager check."""
+def test_a_new_element_is_checked_again():
+    """Integer inputs are not in dynamo's guards and wrappers skip their element checks while
+    compiled: an element no eager call has seen means a new eager check; the same elements
+    in another order (migration) do not."""
     model = lj()
-    batch = small_cell(species=(18, 36), reps=3)
+    batch = small_cell(species=(18,), reps=3)
     attach_neighbors(batch, model.cutoff)
     call = CompiledForceCall(lambda b, s: model(b, compute_stress=s), lambda b, s: model(b, compute_stress=s),
                              reach=model.cutoff, backend="aot_eager")
     call(batch)
     call(batch)
     assert call.checks == 1
-    batch.node["atomic_numbers"] = torch.where(batch.atomic_numbers == 18, 36, 18)
+    krypton = batch.atomic_numbers.clone()
+    krypton[::3] = 36
+    batch.node["atomic_numbers"] = krypton
     _assert_equal(call(batch), model(batch))
     assert call.checks == 2 and call.compiles == 1
+    batch.node["atomic_numbers"] = krypton.flip(0)
+    _assert_equal(call(batch), model(batch))
+    assert call.checks == 2
+    batch.node["atomic_numbers"] = torch.full_like(krypton, 7)  # no parameters for nitrogen
+    with pytest.raises(InputError, match="atomic number"):
+        call(batch)
 
 
 # ---- refusals ----------------------------------------------------------------------------

@@ -19,15 +19,20 @@ slot instead of filtering (which would change the shapes).
 
 # NOTE [compiled equals eager]
 The first rule binds a compiled path too: the first call at every new set of shapes,
-and every call whose atomic numbers or other integer inputs changed, is also run
-eagerly on the unpadded batch and compared (float64: 1e-9 of the largest value,
+and every call that brings an element not yet checked (NOTE [checked elements]), is also
+run eagerly on the unpadded batch and compared (float64: 1e-9 of the largest value,
 float32: 1e-3). A difference stops the run naming the output and the fix (compile=False).
 Dynamo does not fall back to eager silently either: hitting its recompile limit raises,
 and a new set of shapes that reached no graph is refused.
 
+# NOTE [checked elements]
 Inside the compiled region `mlipdd.models.capturing` is true, so wrappers skip their
 host-side input checks there (they would break the graph); the checks run in the eager
-comparison call of the same inputs.
+comparison call of the same inputs. What they check is the elements (an atomic number the
+model has no parameters for), and integer inputs are not in dynamo's guards, so a call
+whose atomic numbers hold an element no eager call has seen yet is checked again. A
+permutation or migration of the same elements is not (at several ranks atoms migrate at
+every rebuild): the compiled graph reads them as tensors, as the eager call does.
 """
 
 from __future__ import annotations
@@ -104,7 +109,8 @@ class CompiledForceCall:
         self._keys: set[tuple] = set()
         self.needs_check = False
         self._counts: tuple[torch.Tensor, int, torch.Tensor] | None = None
-        self._structure: dict[str, tuple[torch.Tensor, int, torch.Tensor]] = {}
+        self._numbers_seen: tuple[torch.Tensor, int] | None = None
+        self._elements_checked: set[int] = set()
         # NOTE [one cache per call]: dynamo keeps compiled graphs, and counts recompiles
         # against its limit, per code object; a fresh copy of the function gives every
         # CompiledForceCall its own (a process that builds many models never hits the limit
@@ -168,19 +174,19 @@ class CompiledForceCall:
         return seen[2]
 
     def _structure_changed(self, batch: Batch) -> bool:
-        """Whether an integer input (atomic numbers, system index, ...) has other values than
-        at the last call. A device read only when it is a new tensor or was modified in place
+        """Whether the batch holds an element not yet checked eagerly (NOTE [checked elements]).
+        A device read only when the atomic numbers are a new tensor or were modified in place
         (at a rebuild), never in the steady state."""
-        changed = False
-        for name, value in batch.node.items():
-            if torch.is_tensor(value) and not value.is_floating_point():
-                seen = self._structure.get(name)
-                if seen is not None and seen[0] is value and seen[1] == value._version:
-                    continue
-                if seen is None or not torch.equal(seen[2], value):
-                    changed = True
-                self._structure[name] = (value, value._version, value.clone())
-        return changed
+        numbers = batch.atomic_numbers
+        seen = self._numbers_seen
+        if numbers is None or (seen is not None and seen[0] is numbers and seen[1] == numbers._version):
+            return False
+        self._numbers_seen = (numbers, numbers._version)
+        present = set(torch.unique(numbers).tolist())
+        if present <= self._elements_checked:
+            return False
+        self._elements_checked |= present
+        return True
 
     def _compare_with_eager(self, batch: Batch, compute_stress: bool, result: dict) -> None:
         self.checks += 1

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from ase.build import bulk
 from calculator_models import ARGON, SlowOnRank
+from fault_helpers import program_env
 from mlipdd.ase import MLIPDDCalculator, WorkerError
 from mlipdd.models import LennardJones
 
@@ -125,8 +126,7 @@ def test_a_program_without_a_main_guard_is_refused_with_the_fix(tmp_path, how):
     script.write_text(_UNGUARDED)
     command = [sys.executable, str(script)] if how == "script" else [sys.executable, "-"]
     stdin = None if how == "script" else script.open()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    out = subprocess.run(command, stdin=stdin, capture_output=True, text=True, timeout=120, env=env,
+    out = subprocess.run(command, stdin=stdin, capture_output=True, text=True, timeout=120, env=program_env(),
                          cwd=tmp_path, check=False)
     assert out.returncode != 0 and "energy" not in out.stdout
     last = out.stderr.strip().splitlines()[-1]
@@ -150,7 +150,7 @@ def test_the_same_program_with_a_main_guard_runs(tmp_path):
     script = tmp_path / "guarded.py"
     script.write_text(_GUARDED)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"), check=False)
+                         env=program_env(), check=False)
     assert out.returncode == 0, out.stderr
     assert np.isfinite(float(out.stdout.split()[-1]))
 
@@ -169,7 +169,7 @@ def test_a_model_class_defined_in_python_c_is_refused_with_the_fix():
     name): refused before any rank starts, naming the class and the fix (was: a rank's
     unpickling traceback, then 'rank 0 died')."""
     out = subprocess.run([sys.executable, "-c", _MODEL_IN_MAIN], capture_output=True, text=True,
-                         timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"), check=False)
+                         timeout=120, env=program_env(), check=False)
     last = out.stderr.strip().splitlines()[-1]
     assert out.returncode != 0 and "MyArgon is defined in a main program that has no file" in last, out.stderr
     assert "define the model class (or factory) in a module" in last

@@ -104,8 +104,8 @@ class _Stages:
 
 def profile(reps, dsf_cutoff, repeats) -> list[dict]:
     import mlipdd.neighbors
-    import mlipdd_aimnet2.inputs as inputs
     import mlipdd_aimnet2.wrapper as wrapper_module
+    from mlipdd_aimnet2 import inputs
 
     wrapper, calc, data, batch = _setup(reps, dsf_cutoff)
     rows = []

@@ -21,8 +21,8 @@ import time
 _HERE = pathlib.Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 
-import torch  # noqa: E402
-from _common import RESULTS, machine  # noqa: E402
+import torch
+from _common import RESULTS, machine
 
 
 def _model(medium: bool, dtype):

@@ -95,7 +95,10 @@ def _kind(code: str) -> str:
 
 
 def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    # a user's shell: without the session's preload list (the plugins' conftests add fairchem
+    # and aimnet to it; every rank a snippet starts would import them first, ~11 s a program)
+    env = {k: v for k, v in os.environ.items() if k != "MLIPDD_SPAWN_PRELOAD"}
+    env.update(OMP_NUM_THREADS="1", MPLBACKEND="Agg")
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900,
                           check=False)
 

@@ -120,6 +120,11 @@ def edge_messages(block, chunk, up, edge_attrs, edge_feats, cutoff, edge_index):
         block, chunk, _plain(senders), _plain(edge_attrs), _plain(edge_feats), _plain(cutoff),
         _plain(edge_index[0]), _plain(edge_index[1]),
     )[: local(up).shape[0]]  # receivers are node rows (owned ones under sharded storage)
+    return _into_node_rows(up, partial)
+
+
+def _into_node_rows(up, partial):
+    """``partial`` (this rank's sums on plain rows) as the node rows of ``up``'s layout."""
     if not isinstance(up, ShardTensor):
         return partial
     # NOTE [one scatter per layer]: the chunks summed this rank's edges on plain rows; this
@@ -127,6 +132,109 @@ def edge_messages(block, chunk, up, edge_attrs, edge_feats, cutoff, edge_index):
     # decomposition the dispatch refreshes ghost rows here, once, as it does there.
     rows = torch.arange(partial.shape[0], device=partial.device)
     return up.new_zeros(partial.shape).index_add(0, rows, partial)
+
+
+# ---- the fused cuEquivariance convolution, chunked --------------------------------------------
+
+
+def _row_spans(edge_index: torch.Tensor, chunk: int) -> list[tuple[int, int]]:
+    """Per chunk of ``chunk`` edges, the rows ``[lo, hi)`` its senders and receivers touch.
+
+    The fused kernel reads senders from and sums into a node table; handing it only the
+    rows a chunk touches keeps each call's output (and its backward's sender gradient) at
+    the chunk's size instead of the whole system's. Neighbour lists of spatially ordered
+    atoms give narrow spans; any order stays exact (a span is then wider, up to all rows).
+    One host sync per layer, not per chunk.
+    """
+    n = edge_index.shape[1]
+    full = n - n % chunk
+    lo, hi = [], []
+    if full:
+        blocks = edge_index[:, :full].reshape(2, -1, chunk)
+        lo.append(blocks.amin(dim=(0, 2)))
+        hi.append(blocks.amax(dim=(0, 2)))
+    if full < n:
+        lo.append(edge_index[:, full:].amin().reshape(1))
+        hi.append(edge_index[:, full:].amax().reshape(1))
+    if not lo:
+        return []
+    return [(a, b + 1) for a, b in torch.stack([torch.cat(lo), torch.cat(hi)], 1).tolist()]
+
+
+def _fused_chunk(block, rows, edge_attrs, edge_feats, cutoff, local_index):
+    """mace's fused convolution (gather, product, receiver sums in one call) on one chunk of
+    edges whose indices count ``rows`` (a slice of the node table); the sums on ``rows``."""
+    weights = block.conv_tp_weights(edge_feats)
+    if cutoff is not None:
+        weights = weights * cutoff
+    return block.conv_tp(rows, edge_attrs, weights, local_index)
+
+
+class FusedEdgeChunkedMessages(torch.autograd.Function):
+    """The fused convolution's receiver sums over the node table, ``chunk`` edges per kernel
+    call on the rows each chunk touches (`_row_spans`), with a recomputing backward: the
+    chunk's radial weights are never kept, as in `EdgeChunkedMessages`."""
+
+    @staticmethod
+    def forward(ctx, block, chunk, spans, table, edge_attrs, edge_feats, cutoff, edge_index, width):
+        ctx.block, ctx.chunk, ctx.spans, ctx.has_cutoff = block, chunk, spans, cutoff is not None
+        ctx.save_for_backward(table, edge_attrs, edge_feats, cutoff, edge_index)
+        out = table.new_zeros((table.shape[0], width))
+        for start, (lo, hi) in zip(range(0, edge_index.shape[1], chunk), spans):
+            end = start + chunk
+            cut = cutoff[start:end] if cutoff is not None else None
+            out[lo:hi] += _fused_chunk(block, table[lo:hi], edge_attrs[start:end], edge_feats[start:end], cut,
+                                       edge_index[:, start:end] - lo)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        table, edge_attrs, edge_feats, cutoff, edge_index = ctx.saved_tensors
+        want = ctx.needs_input_grad
+        grad_table = torch.zeros_like(table) if want[3] else None
+        grad_attrs = torch.zeros_like(edge_attrs) if want[4] else None
+        grad_feats = torch.zeros_like(edge_feats) if want[5] else None
+        grad_cut = torch.zeros_like(cutoff) if ctx.has_cutoff and want[6] else None
+        for start, (lo, hi) in zip(range(0, edge_index.shape[1], ctx.chunk), ctx.spans):
+            end = start + ctx.chunk
+            with torch.enable_grad():
+                x = table[lo:hi].detach().requires_grad_(want[3])
+                a = edge_attrs[start:end].detach().requires_grad_(want[4])
+                f = edge_feats[start:end].detach().requires_grad_(want[5])
+                c = cutoff[start:end].detach().requires_grad_(grad_cut is not None) if ctx.has_cutoff else None
+                sums = _fused_chunk(ctx.block, x, a, f, c, edge_index[:, start:end] - lo)
+                inputs = [t for t in (x, a, f, c) if t is not None and t.requires_grad]
+                grads = iter(torch.autograd.grad(sums, inputs, grad[lo:hi].contiguous()) if inputs else ())
+            if x.requires_grad:
+                grad_table[lo:hi] += next(grads)
+            for target, t in ((grad_attrs, a), (grad_feats, f), (grad_cut, c)):
+                if t is not None and t.requires_grad:
+                    target[start:end] = next(grads)
+        return None, None, None, grad_table, grad_attrs, grad_feats, grad_cut, None, None
+
+
+def fused_edge_messages(block, chunk, up, edge_attrs, edge_feats, cutoff, edge_index):
+    """The fused convolution's summed messages on every node row, ``chunk`` edges at a time.
+
+    NOTE [chunked fused convolution under DD]: the chunks call the kernel on plain tensors
+    (the sender table of `mlipdd_mace.cueq._sender_table`: halo ``[owned | ghost]`` rows made
+    current, sharded ``[owned | request table]`` in one routed read), so the cuEq DD rule
+    does not see them; what it would do after its one kernel call, one scatter into node
+    rows, `_into_node_rows` does after the last chunk. Every rank thus issues the same
+    collectives (one table read or refresh, one scatter per layer) whatever its chunk count.
+    """
+    from mlipdd.shard import FIRED
+    from mlipdd_mace.cueq import _sender_table
+
+    FIRED["mace_cueq:fused_conv_chunked"] += 1  # a test that never got here tests nothing
+    table = _sender_table(up) if isinstance(up, ShardTensor) else up
+    index = _plain(edge_index)
+    width = block.linear.irreps_in.dim  # the messages feed the block's linear
+    partial = FusedEdgeChunkedMessages.apply(
+        block, chunk, _row_spans(index, chunk), _plain(table), _plain(edge_attrs), _plain(edge_feats),
+        _plain(cutoff), index, width,
+    )[: local(up).shape[0]]
+    return _into_node_rows(up, partial)
 
 
 def _interaction_forward(block, chunk_atoms):
@@ -138,7 +246,8 @@ def _interaction_forward(block, chunk_atoms):
         sc = self.skip_tp(node_feats, node_attrs) if residual else None
         up = self.linear_up(node_feats)
         chunk = _edge_chunk(chunk_atoms, edge_index.shape[1], up.shape[0])
-        message = edge_messages(self, chunk, up, edge_attrs, edge_feats, cutoff, edge_index)
+        messages = fused_edge_messages if hasattr(self, "conv_fusion") else edge_messages
+        message = messages(self, chunk, up, edge_attrs, edge_feats, cutoff, edge_index)
         message = self.linear(message) / self.avg_num_neighbors
         if not residual:
             message = self.skip_tp(message, node_attrs)
@@ -175,7 +284,7 @@ def unsupported_blocks(model) -> list[str]:
     """Interaction blocks the chunked path does not know (it then leaves them as they are)."""
     return [
         type(b).__name__ for b in model.interactions
-        if type(b).__name__ not in CHUNKABLE_INTERACTIONS or hasattr(b, "conv_fusion")
+        if type(b).__name__ not in CHUNKABLE_INTERACTIONS
     ]
 
 
@@ -186,7 +295,7 @@ def chunked_blocks(model, chunk_atoms: int):
     frozen = [p for p in model.parameters() if p.requires_grad]
     try:
         for block in model.interactions:
-            if type(block).__name__ in CHUNKABLE_INTERACTIONS and not hasattr(block, "conv_fusion"):
+            if type(block).__name__ in CHUNKABLE_INTERACTIONS:
                 block.forward = _interaction_forward(block, chunk_atoms)
                 patched.append(block)
         for block in model.products:

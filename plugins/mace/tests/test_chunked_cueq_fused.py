@@ -1,0 +1,90 @@
+"""Chunked evaluation of cuEq's FUSED convolution (mace's default on CUDA) equals the plain
+fused model, in one process and under domain decomposition (halo and sharded).
+
+On CPU the fused calling convention runs on cuequivariance's torch reference kernels through
+`reference_fused_cueq_wrapper` (the same polynomial call as mace's fused block); the GPU
+check with mace's own kernel is .old/gpu/cueq_chunk_fused.py. float64: measured ~1e-15.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from mlipdd.shard import FIRED
+from mlipdd.testing.conformance import gather_by_id, relative_difference
+from mlipdd.testing.spawn import run_ranks
+from mlipdd.testing.systems import slab, small_cell, triclinic
+from mlipdd_mace.chunked import _row_spans, unsupported_blocks
+from mlipdd_mace.testing import outputs_per_strategy, reference_fused_cueq_wrapper
+from mlipdd_mace.wrapper import MACEWrapper
+
+SPECIES = (1, 6, 8)
+ARCH = {"elements": SPECIES, "r_max": 4.0, "channels": 8, "max_ell": 2, "correlation": 2,
+        "dtype": torch.float64, "seed": 0}
+KEYS = ("energy", "forces", "stress", "energies")
+
+
+def _systems():
+    return {
+        "triclinic": triclinic(species=SPECIES, spacing=2.5, reps=4),
+        "small_cell": small_cell(species=SPECIES, spacing=2.5, reps=2),
+        "slab": slab(species=SPECIES, spacing=2.5, reps=(4, 4, 2), vacuum=6.0),
+    }
+
+
+def chunked_fused_wrapper(chunk_atoms, **kwargs):
+    """The fused reference model, chunked (module level: spawned ranks unpickle it)."""
+    return MACEWrapper(reference_fused_cueq_wrapper(**kwargs).model, chunk_atoms=chunk_atoms)
+
+
+@pytest.fixture(scope="module")
+def fused_model():
+    return reference_fused_cueq_wrapper(**ARCH)
+
+
+def test_row_spans_cover_each_chunk():
+    index = torch.tensor([[5, 0, 9, 2, 3, 7, 1], [1, 1, 2, 2, 8, 8, 4]])
+    assert _row_spans(index, 3) == [(0, 10), (2, 9), (1, 5)]
+    assert _row_spans(index, 7) == [(0, 10)]
+    assert _row_spans(index[:, :0], 3) == []
+
+
+def test_chunked_fused_equals_plain_fused(fused_model):
+    assert unsupported_blocks(fused_model.model) == [], "the fused blocks must be chunked, not skipped"
+    for name in ("triclinic", "slab"):
+        batch = _systems()[name]
+        ref = fused_model(batch.clone(), compute_stress=True)
+        for chunk_atoms in (1, 7, 10_000):  # hundreds of chunks, uneven chunks, one chunk
+            before = FIRED["mace_cueq:fused_conv_chunked"]
+            out = MACEWrapper(fused_model.model, chunk_atoms=chunk_atoms)(batch.clone(), compute_stress=True)
+            assert FIRED["mace_cueq:fused_conv_chunked"] - before == len(fused_model.model.interactions)
+            for key in KEYS:
+                if key in ref:
+                    assert relative_difference(out[key].detach(), ref[key].detach()) < 1e-12, (name, chunk_atoms, key)
+    assert all(p.requires_grad for p in fused_model.model.parameters()), "parameters must be unfrozen afterwards"
+
+
+@pytest.mark.mlipdd_conformance(world_sizes=(2, 3))
+def test_chunked_fused_distributed_equals_plain_fused(fused_model, world_size):
+    """gloo ranks, chunked fused convolution (3 atoms' worth of edges per kernel call) vs one
+    plain fused process: triclinic, own images, vacuum (a rank may own no atom), halo and sharded."""
+    systems = _systems()
+    refs = {name: fused_model(b.clone(), compute_stress=True) for name, b in systems.items()}
+    factory = functools.partial(chunked_fused_wrapper, 3, **ARCH)
+    strategies = ("halo", "sharded")
+    parts = run_ranks(outputs_per_strategy, world_size, factory, list(systems.values()), strategies, timeout=600)
+    for strategy in strategies:
+        assert sum(p[strategy, i]["n_ghost"] for p in parts for i in range(len(systems))) > 0, "no remote row read"
+        for i, (name, batch) in enumerate(systems.items()):
+            per_rank = [p[strategy, i] for p in parts]
+            # the chunks call the kernel on plain rows: the unchunked fused rule must not fire
+            assert all(o["cueq_fused_calls"] == 0 for o in per_rank), "a fused block ran unchunked"
+            assert all(o["cueq_rule_calls"] > 0 for o in per_rank)
+            forces = gather_by_id(per_rank, "forces", batch.num_atoms)
+            ref, where = refs[name], f"{strategy} {name}"
+            assert relative_difference(per_rank[0]["energy"], ref["energy"].detach()) < 1e-12, where
+            assert relative_difference(forces, ref["forces"].detach()) < 1e-10, where
+            assert relative_difference(per_rank[0]["stress"], ref["stress"].detach()) < 1e-10, where

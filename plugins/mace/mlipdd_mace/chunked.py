@@ -137,37 +137,71 @@ def _into_node_rows(up, partial):
 # ---- the fused cuEquivariance convolution, chunked --------------------------------------------
 
 
-def _row_spans(edge_index: torch.Tensor, chunk: int) -> list[tuple[int, int]]:
-    """Per chunk of ``chunk`` edges, the rows ``[lo, hi)`` its senders and receivers touch.
+def _row_spans(edge_index: torch.Tensor, chunk: int, separate: bool) -> list[tuple[int, int, int, int]]:
+    """Per chunk of ``chunk`` edges, the node-table rows ``(read_lo, read_hi, sum_lo, sum_hi)``
+    its senders read and its receivers sum into (``separate=False``: one span for both).
 
     The fused kernel reads senders from and sums into a node table; handing it only the
     rows a chunk touches keeps each call's output (and its backward's sender gradient) at
-    the chunk's size instead of the whole system's. Neighbour lists of spatially ordered
-    atoms give narrow spans; any order stays exact (a span is then wider, up to all rows).
-    One host sync per layer, not per chunk.
+    the chunk's size instead of the whole system's. Receivers come sorted (mlipdd's
+    neighbour lists), so a chunk sums into ~``chunk_atoms`` rows; its senders' span is
+    narrow for spatially ordered atoms and wide for a chunk whose neighbours wrap around a
+    periodic cell. Any order stays exact (a span is then wider, up to all rows). One host
+    sync per layer, not per chunk.
     """
     n = edge_index.shape[1]
     full = n - n % chunk
-    lo, hi = [], []
+    parts = []  # [lo_sender, hi_sender, lo_receiver, hi_receiver] per chunk
     if full:
         blocks = edge_index[:, :full].reshape(2, -1, chunk)
-        lo.append(blocks.amin(dim=(0, 2)))
-        hi.append(blocks.amax(dim=(0, 2)))
+        parts.append(torch.cat([blocks.amin(dim=2), blocks.amax(dim=2)]))
     if full < n:
-        lo.append(edge_index[:, full:].amin().reshape(1))
-        hi.append(edge_index[:, full:].amax().reshape(1))
-    if not lo:
+        tail = edge_index[:, full:]
+        parts.append(torch.cat([tail.amin(dim=1), tail.amax(dim=1)]).reshape(4, 1))
+    if not parts:
         return []
-    return [(a, b + 1) for a, b in torch.stack([torch.cat(lo), torch.cat(hi)], 1).tolist()]
+    spans = []
+    for s_lo, r_lo, s_hi, r_hi in torch.cat(parts, 1).t().tolist():
+        if not separate:
+            s_lo = r_lo = min(s_lo, r_lo)
+            s_hi = r_hi = max(s_hi, r_hi)
+        spans.append((s_lo, s_hi + 1, r_lo, r_hi + 1))
+    return spans
 
 
-def _fused_chunk(block, rows, edge_attrs, edge_feats, cutoff, local_index):
+def _polynomial_call(conv_tp):
+    """The cuEq polynomial behind a fused convolution, callable with separate sender and
+    receiver tables: mace's fused block is a `SegmentedPolynomial` keeping that call as
+    ``original_forward`` (its ``forward`` only unpacks ``edge_index``), the CPU stand-in
+    `mlipdd_mace.testing.ReferenceFusedConvolution` holds it as ``polynomial``. None for
+    any other fused form: it is called through its public forward on one joint span."""
+    try:
+        from cuequivariance_torch import SegmentedPolynomial
+    except ImportError:
+        return None
+    if isinstance(conv_tp, SegmentedPolynomial) and "original_forward" in vars(conv_tp):
+        return conv_tp.original_forward
+    inner = getattr(conv_tp, "polynomial", None)
+    return inner if isinstance(inner, SegmentedPolynomial) else None
+
+
+def _fused_chunk(block, call, read, sums_like, edge_attrs, edge_feats, cutoff, sender, receiver):
     """mace's fused convolution (gather, product, receiver sums in one call) on one chunk of
-    edges whose indices count ``rows`` (a slice of the node table); the sums on ``rows``."""
+    edges: senders index ``read``, receivers ``sums_like``'s rows (both slices of the node
+    table); the sums on those rows."""
     weights = block.conv_tp_weights(edge_feats)
     if cutoff is not None:
         weights = weights * cutoff
-    return block.conv_tp(rows, edge_attrs, weights, local_index)
+    if call is None:  # one joint span: read and sums_like are the same rows
+        return block.conv_tp(read, edge_attrs, weights, torch.stack([sender, receiver]))
+    return call([weights, read, edge_attrs], {1: sender}, {0: sums_like}, {0: receiver})[0]
+
+
+def _chunks(chunk, spans, edge_index):
+    """(start, end, read_lo, read_hi, sum_lo, sum_hi, local senders, local receivers) per chunk."""
+    for start, (s_lo, s_hi, r_lo, r_hi) in zip(range(0, edge_index.shape[1], chunk), spans):
+        end = start + chunk
+        yield start, end, s_lo, s_hi, r_lo, r_hi, edge_index[0, start:end] - s_lo, edge_index[1, start:end] - r_lo
 
 
 class FusedEdgeChunkedMessages(torch.autograd.Function):
@@ -176,41 +210,41 @@ class FusedEdgeChunkedMessages(torch.autograd.Function):
     chunk's radial weights are never kept, as in `EdgeChunkedMessages`."""
 
     @staticmethod
-    def forward(ctx, block, chunk, spans, table, edge_attrs, edge_feats, cutoff, edge_index, width):
-        ctx.block, ctx.chunk, ctx.spans, ctx.has_cutoff = block, chunk, spans, cutoff is not None
+    def forward(ctx, block, chunk, table, edge_attrs, edge_feats, cutoff, edge_index, width):
+        call = _polynomial_call(block.conv_tp)
+        spans = _row_spans(edge_index, chunk, separate=call is not None)
+        ctx.block, ctx.chunk, ctx.call, ctx.spans, ctx.has_cutoff = block, chunk, call, spans, cutoff is not None
         ctx.save_for_backward(table, edge_attrs, edge_feats, cutoff, edge_index)
         out = table.new_zeros((table.shape[0], width))
-        for start, (lo, hi) in zip(range(0, edge_index.shape[1], chunk), spans):
-            end = start + chunk
+        for start, end, s_lo, s_hi, r_lo, r_hi, sender, receiver in _chunks(chunk, spans, edge_index):
             cut = cutoff[start:end] if cutoff is not None else None
-            out[lo:hi] += _fused_chunk(block, table[lo:hi], edge_attrs[start:end], edge_feats[start:end], cut,
-                                       edge_index[:, start:end] - lo)
+            out[r_lo:r_hi] += _fused_chunk(block, call, table[s_lo:s_hi], table[r_lo:r_hi], edge_attrs[start:end],
+                                           edge_feats[start:end], cut, sender, receiver)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         table, edge_attrs, edge_feats, cutoff, edge_index = ctx.saved_tensors
         want = ctx.needs_input_grad
-        grad_table = torch.zeros_like(table) if want[3] else None
-        grad_attrs = torch.zeros_like(edge_attrs) if want[4] else None
-        grad_feats = torch.zeros_like(edge_feats) if want[5] else None
-        grad_cut = torch.zeros_like(cutoff) if ctx.has_cutoff and want[6] else None
-        for start, (lo, hi) in zip(range(0, edge_index.shape[1], ctx.chunk), ctx.spans):
-            end = start + ctx.chunk
+        grad_table = torch.zeros_like(table) if want[2] else None
+        grad_attrs = torch.zeros_like(edge_attrs) if want[3] else None
+        grad_feats = torch.zeros_like(edge_feats) if want[4] else None
+        grad_cut = torch.zeros_like(cutoff) if ctx.has_cutoff and want[5] else None
+        for start, end, s_lo, s_hi, r_lo, r_hi, sender, receiver in _chunks(ctx.chunk, ctx.spans, edge_index):
             with torch.enable_grad():
-                x = table[lo:hi].detach().requires_grad_(want[3])
-                a = edge_attrs[start:end].detach().requires_grad_(want[4])
-                f = edge_feats[start:end].detach().requires_grad_(want[5])
+                x = table[s_lo:s_hi].detach().requires_grad_(want[2])
+                a = edge_attrs[start:end].detach().requires_grad_(want[3])
+                f = edge_feats[start:end].detach().requires_grad_(want[4])
                 c = cutoff[start:end].detach().requires_grad_(grad_cut is not None) if ctx.has_cutoff else None
-                sums = _fused_chunk(ctx.block, x, a, f, c, edge_index[:, start:end] - lo)
+                sums = _fused_chunk(ctx.block, ctx.call, x, table[r_lo:r_hi], a, f, c, sender, receiver)
                 inputs = [t for t in (x, a, f, c) if t is not None and t.requires_grad]
-                grads = iter(torch.autograd.grad(sums, inputs, grad[lo:hi].contiguous()) if inputs else ())
+                grads = iter(torch.autograd.grad(sums, inputs, grad[r_lo:r_hi].contiguous()) if inputs else ())
             if x.requires_grad:
-                grad_table[lo:hi] += next(grads)
+                grad_table[s_lo:s_hi] += next(grads)
             for target, t in ((grad_attrs, a), (grad_feats, f), (grad_cut, c)):
                 if t is not None and t.requires_grad:
                     target[start:end] = next(grads)
-        return None, None, None, grad_table, grad_attrs, grad_feats, grad_cut, None, None
+        return None, None, grad_table, grad_attrs, grad_feats, grad_cut, None, None
 
 
 def fused_edge_messages(block, chunk, up, edge_attrs, edge_feats, cutoff, edge_index):
@@ -231,8 +265,7 @@ def fused_edge_messages(block, chunk, up, edge_attrs, edge_feats, cutoff, edge_i
     index = _plain(edge_index)
     width = block.linear.irreps_in.dim  # the messages feed the block's linear
     partial = FusedEdgeChunkedMessages.apply(
-        block, chunk, _row_spans(index, chunk), _plain(table), _plain(edge_attrs), _plain(edge_feats),
-        _plain(cutoff), index, width,
+        block, chunk, _plain(table), _plain(edge_attrs), _plain(edge_feats), _plain(cutoff), index, width,
     )[: local(up).shape[0]]
     return _into_node_rows(up, partial)
 

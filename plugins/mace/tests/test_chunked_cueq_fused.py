@@ -17,7 +17,7 @@ from mlipdd.shard import FIRED
 from mlipdd.testing.conformance import gather_by_id, relative_difference
 from mlipdd.testing.spawn import run_ranks
 from mlipdd.testing.systems import slab, small_cell, triclinic
-from mlipdd_mace.chunked import _row_spans, unsupported_blocks
+from mlipdd_mace.chunked import _polynomial_call, _row_spans, unsupported_blocks
 from mlipdd_mace.testing import outputs_per_strategy, reference_fused_cueq_wrapper
 from mlipdd_mace.wrapper import MACEWrapper
 
@@ -46,10 +46,11 @@ def fused_model():
 
 
 def test_row_spans_cover_each_chunk():
-    index = torch.tensor([[5, 0, 9, 2, 3, 7, 1], [1, 1, 2, 2, 8, 8, 4]])
-    assert _row_spans(index, 3) == [(0, 10), (2, 9), (1, 5)]
-    assert _row_spans(index, 7) == [(0, 10)]
-    assert _row_spans(index[:, :0], 3) == []
+    index = torch.tensor([[5, 0, 9, 2, 3, 7, 1], [1, 1, 2, 2, 8, 8, 4]])  # senders, receivers
+    assert _row_spans(index, 3, separate=True) == [(0, 10, 1, 3), (2, 8, 2, 9), (1, 2, 4, 5)]
+    assert _row_spans(index, 3, separate=False) == [(0, 10, 0, 10), (2, 9, 2, 9), (1, 5, 1, 5)]
+    assert _row_spans(index, 7, separate=True) == [(0, 10, 1, 9)]
+    assert _row_spans(index[:, :0], 3, separate=True) == []
 
 
 def test_chunked_fused_equals_plain_fused(fused_model):
@@ -65,6 +66,31 @@ def test_chunked_fused_equals_plain_fused(fused_model):
                 if key in ref:
                     assert relative_difference(out[key].detach(), ref[key].detach()) < 1e-12, (name, chunk_atoms, key)
     assert all(p.requires_grad for p in fused_model.model.parameters()), "parameters must be unfrozen afterwards"
+
+
+class _ForwardOnly(torch.nn.Module):
+    """A fused convolution seen only through its public ``forward(node_feats, edge_attrs,
+    tp_weights, edge_index)`` (any fused form other than cuEq's): chunked on one joint span."""
+
+    def __init__(self, fused):
+        super().__init__()
+        self.inner = fused
+
+    def forward(self, node_feats, edge_attrs, tp_weights, edge_index):
+        return self.inner(node_feats, edge_attrs, tp_weights, edge_index)
+
+
+def test_chunked_fused_through_its_public_call(fused_model):
+    batch = _systems()["triclinic"]
+    ref = fused_model(batch.clone(), compute_stress=True)
+    model = reference_fused_cueq_wrapper(**ARCH).model
+    for block in model.interactions:
+        block.conv_tp = _ForwardOnly(block.conv_tp)
+    assert _polynomial_call(model.interactions[0].conv_tp) is None
+    assert _polynomial_call(fused_model.model.interactions[0].conv_tp) is not None
+    out = MACEWrapper(model, chunk_atoms=5)(batch.clone(), compute_stress=True)
+    for key in ("energy", "forces", "stress"):
+        assert relative_difference(out[key].detach(), ref[key].detach()) < 1e-12, key
 
 
 @pytest.mark.mlipdd_conformance(world_sizes=(2, 3))

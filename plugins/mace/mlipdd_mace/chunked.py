@@ -348,40 +348,62 @@ def chunked_blocks(model, chunk_atoms: int):
 
 
 def _dims(model) -> dict:
-    """Feature widths that set the memory: per edge and per node, per layer."""
-    first = model.interactions[0]
+    """Feature widths that set the memory: per edge and per node, per layer. Read from the
+    block's own layers around the convolution (the messages feed ``linear``, ``linear_up``
+    feeds the senders, the radial MLP gives the weights), so e3nn, unfused and fused cuEq
+    blocks (whose convolution is a bare polynomial) all answer."""
+    blocks = model.interactions
+    first = blocks[0]
     return {
-        "layers": len(model.interactions),
-        "mid": max(b.conv_tp.irreps_out.dim for b in model.interactions),
-        "tp_weights": max(b.conv_tp.weight_numel for b in model.interactions),
-        "up": max(b.conv_tp.irreps_in1.dim for b in model.interactions),
-        "sh": first.conv_tp.irreps_in2.dim,
+        "layers": len(blocks),
+        "mid": max(b.linear.irreps_in.dim for b in blocks),
+        "tp_weights": max(b.conv_tp_weights.hs[-1] for b in blocks),
+        "radial_hidden": max(sum(b.conv_tp_weights.hs[1:-1]) for b in blocks),
+        "up": max(b.linear_up.irreps_out.dim for b in blocks),
+        "sh": first.edge_attrs_irreps.dim,
         "hidden": max(p.linear.irreps_out.dim for p in model.products),
+        "fused": any(hasattr(b, "conv_fusion") for b in blocks),
     }
 
 
 def estimate_memory(model, n_atoms: int, n_edges: int, chunk_atoms: int | None, itemsize: int = 4) -> dict:
     """Rough peak bytes of one energy + forces call, from the model's feature widths.
 
-    The coefficients (how many tensors of each width stay alive) were fitted to peaks
-    measured on an H200 for medium MACE (benchmarks/results/mace_memory_wall.md: within
-    ~10 % there; other architectures: a rough guide). Plain: per edge and layer the
-    tensor-product messages and their radial weights; per node and layer the product's
-    contraction (~``sh**2 * hidden / 2``). Chunked: per edge only the geometry
-    (vectors, harmonics, radial features), per node and layer the message and the
-    features, plus one chunk's worth of the plain per-edge and per-node peaks.
+    e3nn and unfused cuEq convolutions: the coefficients (how many tensors of each width
+    stay alive) were fitted to peaks measured on an H200 for medium MACE
+    (benchmarks/results/mace_memory_wall.md: within ~10 % there; other architectures: a
+    rough guide). Plain: per edge and layer the tensor-product messages and their radial
+    weights; per node and layer the product's contraction (~``sh**2 * hidden / 2``).
+    Chunked: per edge only the geometry (vectors, harmonics, radial features), per node and
+    layer the message and the features, plus one chunk's worth of the plain per-edge and
+    per-node peaks.
+
+    Fused cuEq convolution (gather, product and receiver sums in one kernel): no message
+    exists per edge; what a layer keeps per edge is the radial MLP's activations and the
+    weights it makes (1.2 of those: the one H200 point, medium cuEq at 64k atoms with the
+    convolutions unchunked, 38.1 GiB, benchmarks/results/mace_cueq_gpu.md). Chunked, one
+    chunk's edges hold the weights and their gradient, the rows it touches the messages
+    and their gradient. The fused coefficients are NOT yet checked against a chunked GPU
+    peak (.old/gpu/cueq_chunk_fused.py measures them).
     """
     d = _dims(model)
     per_edge_geometry = 3 * (3 + 1 + d["sh"] + 8 + 1)
-    per_edge_layer = 2 * d["mid"] + 2 * d["tp_weights"] + d["up"]
     per_node_product = d["sh"] * d["sh"] * d["hidden"] // 2
     edges_per_atom = n_edges / max(1, n_atoms)
+    if d["fused"]:
+        plain_edge_layer = 1.2 * (d["tp_weights"] + d["radial_hidden"])
+        chunk_edge_layer = 2 * (d["tp_weights"] + d["radial_hidden"]) + d["sh"]
+        chunk_node_layer = 2 * d["mid"] + 2 * d["up"]
+    else:
+        plain_edge_layer = 1.1 * (d["mid"] + d["tp_weights"])
+        chunk_edge_layer = 2 * d["mid"] + 2 * d["tp_weights"] + d["up"]
+        chunk_node_layer = 0
     if chunk_atoms is None:
-        per_edge = per_edge_geometry + d["layers"] * 1.1 * (d["mid"] + d["tp_weights"])
+        per_edge = per_edge_geometry + d["layers"] * plain_edge_layer
         per_node = d["layers"] * (d["mid"] + d["hidden"] + 2 * per_node_product)
         total = n_edges * per_edge + n_atoms * per_node
     else:
         rows = min(chunk_atoms, n_atoms)
         total = (n_edges * per_edge_geometry + n_atoms * d["layers"] * (d["mid"] + d["hidden"])
-                 + rows * (1.5 * edges_per_atom * per_edge_layer + 2 * per_node_product))
+                 + rows * (1.5 * edges_per_atom * chunk_edge_layer + chunk_node_layer + 2 * per_node_product))
     return {"bytes": int(total * itemsize), "atoms": n_atoms, "edges": n_edges, "chunk_atoms": chunk_atoms}

@@ -114,3 +114,15 @@ def test_chunked_fused_distributed_equals_plain_fused(fused_model, world_size):
             assert relative_difference(per_rank[0]["energy"], ref["energy"].detach()) < 1e-12, where
             assert relative_difference(forces, ref["forces"].detach()) < 1e-10, where
             assert relative_difference(per_rank[0]["stress"], ref["stress"].detach()) < 1e-10, where
+
+
+def test_memory_estimate_of_the_fused_path(fused_model):
+    """The fused blocks answer the estimate (their convolution has no irreps of its own), keep
+    no message per edge (less than the unfused form of the same model), and chunking shrinks it."""
+    unfused = MACEWrapper(reference_fused_cueq_wrapper(**ARCH).model)
+    for block in unfused.model.interactions:
+        del block.conv_fusion
+    atoms, edges = 100_000, 4_500_000
+    fused = MACEWrapper(fused_model.model, chunk_atoms=1000).memory_estimate(atoms, edges)
+    assert fused["bytes"] < fused["plain_bytes"] / 4
+    assert fused["plain_bytes"] < unfused.memory_estimate(atoms, edges)["bytes"]

@@ -19,6 +19,13 @@ forward of each interaction and product block for one that
 and parameters are frozen (``requires_grad=False``) so no layer keeps its input for a
 weight gradient nobody asks for. Everything else is mace's own code.
 
+cuEquivariance's fused convolution (``conv_fusion``: gather, product and receiver sums in
+one kernel, mace's default on CUDA) keeps no message per edge but does keep each edge's
+radial weights for its backward (~1.3k floats per edge and layer for medium MACE: ~440 GiB
+at 1M atoms). `FusedEdgeChunkedMessages` calls the same kernel on ``chunk`` edges at a time,
+handing it only the node-table rows those edges read and sum into (`_row_spans`), and
+recomputes each chunk's weights in the backward.
+
 Exactness: the same operations on the same numbers; only the summation order of the
 messages changes (float64: ~1e-15 relative; float32: reorder noise).
 

@@ -22,7 +22,10 @@ rows. Every polynomial call mace makes is one of two kinds, told apart by its in
   storage: owned rows plus the remote senders fetched in one routed read, as the
   chunked path does) and gives the partial sums on the receivers' rows; one
   ``index_add`` into node rows then completes them like the plain model's scatter
-  (NOTE [one scatter per layer] in `mlipdd_mace.chunked`).
+  (NOTE [one scatter per layer] in `mlipdd_mace.chunked`). Chunked (``chunk_atoms``), the
+  chunks call the kernel on plain rows of the same sender table and this rule does not
+  fire; the chunked path issues the same table read and scatter once per layer (NOTE
+  [chunked fused convolution under DD] in `mlipdd_mace.chunked`).
 
 Any other call (an index the rules above do not name) is refused with the fix. The
 kernels stay mace's and cuequivariance's; `distributed_kernels` only decides which

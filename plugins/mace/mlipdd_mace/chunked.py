@@ -49,6 +49,7 @@ import types
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from mlipdd.models import capturing
 from mlipdd.shard import ShardTensor, local
 
 
@@ -144,7 +145,7 @@ def _into_node_rows(up, partial):
 # ---- the fused cuEquivariance convolution, chunked --------------------------------------------
 
 
-def _row_spans(edge_index: torch.Tensor, chunk: int, separate: bool) -> list[tuple[int, int, int, int]]:
+def _row_spans(edge_index: torch.Tensor, chunk: int, n_rows: int, separate: bool) -> list[tuple[int, int, int, int]]:
     """Per chunk of ``chunk`` edges, the node-table rows ``(read_lo, read_hi, sum_lo, sum_hi)``
     its senders read and its receivers sum into (``separate=False``: one span for both).
 
@@ -157,6 +158,10 @@ def _row_spans(edge_index: torch.Tensor, chunk: int, separate: bool) -> list[tup
     sync per layer, not per chunk.
     """
     n = edge_index.shape[1]
+    if capturing(edge_index):
+        # a CUDA-graph capture or a compile trace refuses the host read: every chunk gets
+        # the whole table (exact; each call's output is then the system's size)
+        return [(0, n_rows, 0, n_rows)] * math.ceil(n / chunk)
     full = n - n % chunk
     parts = []  # [lo_sender, hi_sender, lo_receiver, hi_receiver] per chunk
     if full:
@@ -219,7 +224,7 @@ class FusedEdgeChunkedMessages(torch.autograd.Function):
     @staticmethod
     def forward(ctx, block, chunk, table, edge_attrs, edge_feats, cutoff, edge_index, width):
         call = _polynomial_call(block.conv_tp)
-        spans = _row_spans(edge_index, chunk, separate=call is not None)
+        spans = _row_spans(edge_index, chunk, table.shape[0], separate=call is not None)
         ctx.block, ctx.chunk, ctx.call, ctx.spans, ctx.has_cutoff = block, chunk, call, spans, cutoff is not None
         ctx.save_for_backward(table, edge_attrs, edge_feats, cutoff, edge_index)
         out = table.new_zeros((table.shape[0], width))

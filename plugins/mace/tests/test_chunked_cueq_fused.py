@@ -47,10 +47,10 @@ def fused_model():
 
 def test_row_spans_cover_each_chunk():
     index = torch.tensor([[5, 0, 9, 2, 3, 7, 1], [1, 1, 2, 2, 8, 8, 4]])  # senders, receivers
-    assert _row_spans(index, 3, separate=True) == [(0, 10, 1, 3), (2, 8, 2, 9), (1, 2, 4, 5)]
-    assert _row_spans(index, 3, separate=False) == [(0, 10, 0, 10), (2, 9, 2, 9), (1, 5, 1, 5)]
-    assert _row_spans(index, 7, separate=True) == [(0, 10, 1, 9)]
-    assert _row_spans(index[:, :0], 3, separate=True) == []
+    assert _row_spans(index, 3, 12, separate=True) == [(0, 10, 1, 3), (2, 8, 2, 9), (1, 2, 4, 5)]
+    assert _row_spans(index, 3, 12, separate=False) == [(0, 10, 0, 10), (2, 9, 2, 9), (1, 5, 1, 5)]
+    assert _row_spans(index, 7, 12, separate=True) == [(0, 10, 1, 9)]
+    assert _row_spans(index[:, :0], 3, 12, separate=True) == []
 
 
 def test_chunked_fused_equals_plain_fused(fused_model):
@@ -66,6 +66,20 @@ def test_chunked_fused_equals_plain_fused(fused_model):
                 if key in ref:
                     assert relative_difference(out[key].detach(), ref[key].detach()) < 1e-12, (name, chunk_atoms, key)
     assert all(p.requires_grad for p in fused_model.model.parameters()), "parameters must be unfrozen afterwards"
+
+
+def test_chunked_fused_without_host_reads(fused_model, monkeypatch):
+    """Under a CUDA-graph capture or a compile trace the spans cannot be read on the host:
+    every chunk then gets the whole table, still exact."""
+    from mlipdd_mace import chunked
+
+    batch = _systems()["slab"]
+    ref = fused_model(batch.clone(), compute_stress=True)
+    monkeypatch.setattr(chunked, "capturing", lambda tensor: True)
+    assert chunked._row_spans(torch.tensor([[0, 3], [1, 2]]), 1, 9, separate=True) == [(0, 9, 0, 9)] * 2
+    out = MACEWrapper(fused_model.model, chunk_atoms=5)(batch.clone(), compute_stress=True)
+    for key in ("energy", "forces", "stress"):
+        assert relative_difference(out[key].detach(), ref[key].detach()) < 1e-12, key
 
 
 class _ForwardOnly(torch.nn.Module):

@@ -158,8 +158,11 @@ if __name__ == "__main__":
 def test_ranks_die_with_their_parent(tmp_path):
     script = tmp_path / "killed_parent.py"
     script.write_text(_ORPHAN_SCRIPT)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=False, timeout=300)
-    pids = [int(p) for p in out.stdout.split()]
+    # a user's shell: not the session's preload list (its packages print banners, e.g. Warp's)
+    env = {k: v for k, v in os.environ.items() if k != "MLIPDD_SPAWN_PRELOAD"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=False, timeout=300,
+                         env=env)
+    pids = [int(p) for p in out.stdout.split() if p.isdigit()]
     assert len(pids) == 2, out.stderr
     deadline = time.monotonic() + 20
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:

@@ -25,7 +25,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from typing import Any
 
 import torch
@@ -176,13 +175,13 @@ def _lost_peer_hint(exc: BaseException, cfg) -> str | None:
 def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
     from mlipdd.app.simulation import (
         _summary,
-        _sync,
         build_dynamics,
         build_model,
         default_hooks,
         domain_config,
         force_call_summary,
         prepare_system,
+        timed_run,
     )
     from mlipdd.comm import broadcast_object, check_together, compute_on_rank0
     from mlipdd.distributed.domain_parallel import DomainParallel
@@ -215,15 +214,8 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
         else:
             owned = dp.partition(full)
         dynamics.setup(owned)  # first force evaluation, outside the timing
-        first_step = dynamics.step_count
         force_diff = _first_step_force_difference(dp, model, full)
-        start_energy = dynamics.conserved_energy().sum().item()
-        _sync(owned.device)
-        start = time.perf_counter()
-        dp.run()
-        _sync(owned.device)
-        wall = time.perf_counter() - start
-        end_energy = dynamics.conserved_energy().sum().item()
+        first_step, wall, start_energy, end_energy = timed_run(dp, dynamics, owned)
         end = dp.gather()
         # collective (temperature, atom count reduce over ranks): every rank computes it
         summary = _summary(cfg, dynamics, owned, hooks[0].records, wall, start_energy, end_energy,

@@ -354,14 +354,7 @@ def _run_one_rank(cfg: RunConfig, model, batch: Batch, thermo_stream, adjust=Non
         else:
             owned = dp.partition(batch)
         dyn.setup(owned)  # first force evaluation (and the compile or capture) outside the timing
-        first_step = dyn.step_count
-        start_energy = dyn.conserved_energy().sum().item()
-        _sync(owned.device)
-        start = time.perf_counter()
-        dp.run()
-        _sync(owned.device)
-        wall = time.perf_counter() - start
-        end_energy = dyn.conserved_energy().sum().item()
+        first_step, wall, start_energy, end_energy = timed_run(dp, dyn, owned)
         summary = _summary(cfg, dyn, owned, hooks[0].records, wall, start_energy, end_energy, first_step)
         summary["neighbor_list_builds"] = dp.strategy.rebuilds
         summary.update(force_call_summary(dp.model))
@@ -385,6 +378,19 @@ def stopped_message(cfg: RunConfig, stopped) -> str:
         written.append(f"checkpoint {cfg.checkpoint} (step {stopped.step})")
     files = "; wrote " + " and ".join(written) if written else ""
     return f"mlipdd run: {stopped}{files}"
+
+
+def timed_run(dp, dyn, owned) -> tuple[int, float, float, float]:
+    """``dp.run()`` after ``dyn.setup``: the first step, the wall time (the device
+    synchronised at both ends) and the conserved energy before and after."""
+    first_step = dyn.step_count
+    start_energy = dyn.conserved_energy().sum().item()
+    _sync(owned.device)
+    start = time.perf_counter()
+    dp.run()
+    _sync(owned.device)
+    wall = time.perf_counter() - start
+    return first_step, wall, start_energy, dyn.conserved_energy().sum().item()
 
 
 def _sync(device: torch.device) -> None:

@@ -241,33 +241,15 @@ def pad_to_caps(batch: Batch, caps: Caps, reach: float, counts: torch.Tensor | N
     if extra < 1 or batch.neighbors.num_edges > caps.edges:
         raise InputError(f"{atoms} atoms and {batch.neighbors.num_edges} edges do not fit caps {caps}")
     device, dtype = batch.device, batch.dtype
-    node = {}
-    for name, value in batch.node.items():
-        if name in OUTPUT_FIELDS:
-            continue
-        if not torch.is_tensor(value) or value.shape[:1] != (atoms,):
-            node[name] = value
-        elif name == "positions":
-            node[name] = torch.cat([value.detach(), value.new_zeros(extra, *value.shape[1:])]).requires_grad_(True)
-        elif name == "batch":
-            node[name] = torch.cat([value, value.new_full((extra,), systems)])
-        elif name == "atom_ids":
-            node[name] = torch.cat([value, -1 - torch.arange(extra, device=device, dtype=value.dtype)])
-        else:  # the first atom's values: a species and charges every model accepts
-            node[name] = torch.cat([value, value[:1].expand(extra, *value.shape[1:])])
-    system = {}
-    for name, value in batch.system.items():
-        if name in OUTPUT_FIELDS:
-            continue
-        if not torch.is_tensor(value) or value.shape[:1] != (systems,):
-            system[name] = value
-        elif name == "cell":
-            box = torch.eye(3, dtype=value.dtype, device=device) * (reach + 1.0)
-            system[name] = torch.cat([value.detach(), box[None]])
-        elif name == "pbc":
-            system[name] = torch.cat([value, value.new_ones(1, *value.shape[1:])])
-        else:
-            system[name] = torch.cat([value, value[:1]])
+    node = _padded_rows(batch.node, atoms, extra, {
+        "positions": lambda v: torch.cat([v.detach(), v.new_zeros(extra, *v.shape[1:])]).requires_grad_(True),
+        "batch": lambda v: torch.cat([v, v.new_full((extra,), systems)]),
+        "atom_ids": lambda v: torch.cat([v, -1 - torch.arange(extra, device=device, dtype=v.dtype)]),
+    })
+    system = _padded_rows(batch.system, systems, 1, {
+        "cell": lambda v: torch.cat([v.detach(), (torch.eye(3, dtype=v.dtype, device=device) * (reach + 1.0))[None]]),
+        "pbc": lambda v: torch.cat([v, v.new_ones(1, *v.shape[1:])]),
+    })
     padded = _FixedCounts._from_dicts(node, system)
     counts = batch.atoms_per_system if counts is None else counts
     counts = torch.cat([counts, counts.new_full((1,), extra)])
@@ -275,6 +257,23 @@ def pad_to_caps(batch: Batch, caps: Caps, reach: float, counts: torch.Tensor | N
     object.__setattr__(padded, "_ptr", torch.cat([counts.new_zeros(1), counts.cumsum(0)]))
     padded.neighbors = _padded_list(batch.neighbors, caps.edges, atoms, extra, dtype)
     padded.n_owned = atoms
+    return padded
+
+
+def _padded_rows(fields: dict, rows: int, extra: int, special: dict) -> dict:
+    """``fields`` with ``extra`` rows appended to every tensor of ``rows`` rows: by ``special``'s
+    rule for its names, else copies of the first row (a species and charges every model
+    accepts); outputs dropped, other values kept."""
+    padded = {}
+    for name, value in fields.items():
+        if name in OUTPUT_FIELDS:
+            continue
+        if not torch.is_tensor(value) or value.shape[:1] != (rows,):
+            padded[name] = value
+        elif name in special:
+            padded[name] = special[name](value)
+        else:
+            padded[name] = torch.cat([value, value[:1].expand(extra, *value.shape[1:])])
     return padded
 
 

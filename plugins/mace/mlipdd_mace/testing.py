@@ -162,6 +162,26 @@ def reference_fused_cueq_wrapper(**kwargs):
     return MACEWrapper(model)
 
 
+# A small architecture for the cuEq tests: cuEq's reference kernels are built per layer when
+# a model is converted (a few seconds each rank); max_ell 2, correlation 2, 8 channels keep
+# that short.
+SMALL_CUEQ_ARCH = {"elements": (1, 6, 8), "r_max": 4.0, "channels": 8, "max_ell": 2, "correlation": 2,
+                   "dtype": torch.float64, "seed": 0}
+COMPARED_OUTPUTS = ("energy", "forces", "stress", "energies")
+
+
+def small_cueq_systems() -> dict:
+    """A triclinic cell, a cell whose ranks see their own images and a slab, of H, C and O."""
+    from mlipdd.testing.systems import slab, small_cell, triclinic
+
+    species = SMALL_CUEQ_ARCH["elements"]
+    return {
+        "triclinic": triclinic(species=species, spacing=2.5, reps=4),
+        "small_cell": small_cell(species=species, spacing=2.5, reps=2),
+        "slab": slab(species=species, spacing=2.5, reps=(4, 4, 2), vacuum=6.0),
+    }
+
+
 def outputs_per_strategy(rank, world_size, model_factory, batches, strategies, device="cpu"):
     """Spawned-rank worker: one model per rank (a cuEq conversion is slow), then for each
     strategy and system one distributed forward with stress; owned forces, the replicated

@@ -16,23 +16,15 @@ import torch
 from mlipdd.shard import FIRED
 from mlipdd.testing.conformance import gather_by_id, relative_difference
 from mlipdd.testing.spawn import run_ranks
-from mlipdd.testing.systems import slab, small_cell, triclinic
 from mlipdd_mace.chunked import _polynomial_call, _row_spans, unsupported_blocks
-from mlipdd_mace.testing import outputs_per_strategy, reference_fused_cueq_wrapper
+from mlipdd_mace.testing import (
+    COMPARED_OUTPUTS,
+    SMALL_CUEQ_ARCH,
+    outputs_per_strategy,
+    reference_fused_cueq_wrapper,
+    small_cueq_systems,
+)
 from mlipdd_mace.wrapper import MACEWrapper
-
-SPECIES = (1, 6, 8)
-ARCH = {"elements": SPECIES, "r_max": 4.0, "channels": 8, "max_ell": 2, "correlation": 2,
-        "dtype": torch.float64, "seed": 0}
-KEYS = ("energy", "forces", "stress", "energies")
-
-
-def _systems():
-    return {
-        "triclinic": triclinic(species=SPECIES, spacing=2.5, reps=4),
-        "small_cell": small_cell(species=SPECIES, spacing=2.5, reps=2),
-        "slab": slab(species=SPECIES, spacing=2.5, reps=(4, 4, 2), vacuum=6.0),
-    }
 
 
 def chunked_fused_wrapper(chunk_atoms, **kwargs):
@@ -42,7 +34,7 @@ def chunked_fused_wrapper(chunk_atoms, **kwargs):
 
 @pytest.fixture(scope="module")
 def fused_model():
-    return reference_fused_cueq_wrapper(**ARCH)
+    return reference_fused_cueq_wrapper(**SMALL_CUEQ_ARCH)
 
 
 def test_row_spans_cover_each_chunk():
@@ -56,13 +48,13 @@ def test_row_spans_cover_each_chunk():
 def test_chunked_fused_equals_plain_fused(fused_model):
     assert unsupported_blocks(fused_model.model) == [], "the fused blocks must be chunked, not skipped"
     for name in ("triclinic", "slab"):
-        batch = _systems()[name]
+        batch = small_cueq_systems()[name]
         ref = fused_model(batch.clone(), compute_stress=True)
         for chunk_atoms in (1, 7, 10_000):  # hundreds of chunks, uneven chunks, one chunk
             before = FIRED["mace_cueq:fused_conv_chunked"]
             out = MACEWrapper(fused_model.model, chunk_atoms=chunk_atoms)(batch.clone(), compute_stress=True)
             assert FIRED["mace_cueq:fused_conv_chunked"] - before == len(fused_model.model.interactions)
-            for key in KEYS:
+            for key in COMPARED_OUTPUTS:
                 if key in ref:
                     assert relative_difference(out[key].detach(), ref[key].detach()) < 1e-12, (name, chunk_atoms, key)
     assert all(p.requires_grad for p in fused_model.model.parameters()), "parameters must be unfrozen afterwards"
@@ -73,7 +65,7 @@ def test_chunked_fused_without_host_reads(fused_model, monkeypatch):
     every chunk then gets the whole table, still exact."""
     from mlipdd_mace import chunked
 
-    batch = _systems()["slab"]
+    batch = small_cueq_systems()["slab"]
     ref = fused_model(batch.clone(), compute_stress=True)
     monkeypatch.setattr(chunked, "capturing", lambda tensor: True)
     assert chunked._row_spans(torch.tensor([[0, 3], [1, 2]]), 1, 9, separate=True) == [(0, 9, 0, 9)] * 2
@@ -95,9 +87,9 @@ class _ForwardOnly(torch.nn.Module):
 
 
 def test_chunked_fused_through_its_public_call(fused_model):
-    batch = _systems()["triclinic"]
+    batch = small_cueq_systems()["triclinic"]
     ref = fused_model(batch.clone(), compute_stress=True)
-    model = reference_fused_cueq_wrapper(**ARCH).model
+    model = reference_fused_cueq_wrapper(**SMALL_CUEQ_ARCH).model
     for block in model.interactions:
         block.conv_tp = _ForwardOnly(block.conv_tp)
     assert _polynomial_call(model.interactions[0].conv_tp) is None
@@ -111,9 +103,9 @@ def test_chunked_fused_through_its_public_call(fused_model):
 def test_chunked_fused_distributed_equals_plain_fused(fused_model, world_size):
     """gloo ranks, chunked fused convolution (3 atoms' worth of edges per kernel call) vs one
     plain fused process: triclinic, own images, vacuum (a rank may own no atom), halo and sharded."""
-    systems = _systems()
+    systems = small_cueq_systems()
     refs = {name: fused_model(b.clone(), compute_stress=True) for name, b in systems.items()}
-    factory = functools.partial(chunked_fused_wrapper, 3, **ARCH)
+    factory = functools.partial(chunked_fused_wrapper, 3, **SMALL_CUEQ_ARCH)
     strategies = ("halo", "sharded")
     parts = run_ranks(outputs_per_strategy, world_size, factory, list(systems.values()), strategies, timeout=600)
     for strategy in strategies:
@@ -133,7 +125,7 @@ def test_chunked_fused_distributed_equals_plain_fused(fused_model, world_size):
 def test_memory_estimate_of_the_fused_path(fused_model):
     """The fused blocks answer the estimate (their convolution has no irreps of its own), keep
     no message per edge (less than the unfused form of the same model), and chunking shrinks it."""
-    unfused = MACEWrapper(reference_fused_cueq_wrapper(**ARCH).model)
+    unfused = MACEWrapper(reference_fused_cueq_wrapper(**SMALL_CUEQ_ARCH).model)
     for block in unfused.model.interactions:
         del block.conv_fusion
     atoms, edges = 100_000, 4_500_000

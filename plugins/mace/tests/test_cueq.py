@@ -19,49 +19,36 @@ import torch
 
 from mlipdd.testing.conformance import gather_by_id, relative_difference
 from mlipdd.testing.spawn import run_ranks
-from mlipdd.testing.systems import slab, small_cell, triclinic
 from mlipdd_mace.testing import (
+    COMPARED_OUTPUTS,
+    SMALL_CUEQ_ARCH,
     cueq_mace_wrapper,
     outputs_per_strategy,
     random_mace,
     reference_fused_cueq_wrapper,
+    small_cueq_systems,
 )
 from mlipdd_mace.wrapper import MACEWrapper
-
-SPECIES = (1, 6, 8)
-# max_ell 2 / correlation 2 / 8 channels: cuEq's reference kernels are built per layer when
-# a model is converted (a few seconds each rank), small keeps that short
-ARCH = {"elements": SPECIES, "r_max": 4.0, "channels": 8, "max_ell": 2, "correlation": 2,
-        "dtype": torch.float64, "seed": 0}
-KEYS = ("energy", "forces", "stress", "energies")
-
-
-def _systems():
-    return {
-        "triclinic": triclinic(species=SPECIES, spacing=2.5, reps=4),
-        "small_cell": small_cell(species=SPECIES, spacing=2.5, reps=2),
-        "slab": slab(species=SPECIES, spacing=2.5, reps=(4, 4, 2), vacuum=6.0),
-    }
 
 
 @pytest.fixture(scope="module")
 def cueq_model():
-    return cueq_mace_wrapper(**ARCH)
+    return cueq_mace_wrapper(**SMALL_CUEQ_ARCH)
 
 
 def _assert_same(out, ref, tol=1e-10):
-    for key in KEYS:
+    for key in COMPARED_OUTPUTS:
         if key in ref:
             assert relative_difference(out[key].detach(), ref[key].detach()) < tol, key
 
 
 def test_cueq_equals_e3nn_and_says_so(cueq_model):
-    e3nn = MACEWrapper(random_mace(**ARCH))
+    e3nn = MACEWrapper(random_mace(**SMALL_CUEQ_ARCH))
     assert cueq_model.model_config.extra["cuequivariance"] is True
     assert cueq_model.model_config.extra["tensor_products"] == "cuequivariance (unfused conv, torch reference kernels)"
     assert "tensor_products='cuequivariance (unfused conv" in repr(cueq_model)
     assert e3nn.model_config.extra["tensor_products"] == "e3nn" and not e3nn.cuequivariance
-    for batch in _systems().values():
+    for batch in small_cueq_systems().values():
         _assert_same(cueq_model(batch.clone(), compute_stress=True), e3nn(batch.clone(), compute_stress=True))
     before = torch.get_default_dtype()
     assert e3nn.to_cueq().cuequivariance and cueq_model.to_cueq() is cueq_model
@@ -72,9 +59,9 @@ def test_cueq_equals_e3nn_and_says_so(cueq_model):
 def test_cueq_distributed_equals_one_cueq_process(cueq_model, world_size):
     """gloo ranks vs one cuEq process, halo and sharded storage: triclinic, own images,
     vacuum (a rank of the slab may own no atom under sharded storage)."""
-    systems = _systems()
+    systems = small_cueq_systems()
     refs = {name: cueq_model(b.clone(), compute_stress=True) for name, b in systems.items()}
-    factory = functools.partial(cueq_mace_wrapper, **ARCH)
+    factory = functools.partial(cueq_mace_wrapper, **SMALL_CUEQ_ARCH)
     strategies = ("halo", "sharded")
     parts = run_ranks(outputs_per_strategy, world_size, factory, list(systems.values()), strategies, timeout=600)
     for strategy in strategies:
@@ -91,7 +78,7 @@ def test_cueq_distributed_equals_one_cueq_process(cueq_model, world_size):
 
 
 def test_chunked_cueq_equals_plain_cueq(cueq_model):
-    batch = _systems()["triclinic"]
+    batch = small_cueq_systems()["triclinic"]
     ref = cueq_model(batch.clone(), compute_stress=True)
     for chunk_atoms in (1, 7):
         _assert_same(MACEWrapper(cueq_model.model, chunk_atoms=chunk_atoms)(batch.clone(), compute_stress=True), ref)
@@ -100,9 +87,9 @@ def test_chunked_cueq_equals_plain_cueq(cueq_model):
 
 
 def test_chunked_cueq_distributed_equals_plain_cueq(cueq_model):
-    systems = _systems()
+    systems = small_cueq_systems()
     refs = {name: cueq_model(b.clone(), compute_stress=True) for name, b in systems.items()}
-    factory = functools.partial(cueq_mace_wrapper, chunk_atoms=3, **ARCH)
+    factory = functools.partial(cueq_mace_wrapper, chunk_atoms=3, **SMALL_CUEQ_ARCH)
     parts = run_ranks(outputs_per_strategy, 2, factory, list(systems.values()), ("sharded",), timeout=600)
     for i, (name, batch) in enumerate(systems.items()):
         per_rank = [p["sharded", i] for p in parts]
@@ -112,10 +99,10 @@ def test_chunked_cueq_distributed_equals_plain_cueq(cueq_model):
 
 
 def test_from_file_cueq_round_trip(tmp_path, cueq_model):
-    batch = _systems()["small_cell"]
+    batch = small_cueq_systems()["small_cell"]
     ref = cueq_model(batch.clone(), compute_stress=True)
     e3nn_file, cueq_file = tmp_path / "e3nn.model", tmp_path / "cueq.model"
-    torch.save(random_mace(**ARCH), e3nn_file)
+    torch.save(random_mace(**SMALL_CUEQ_ARCH), e3nn_file)
     converted = MACEWrapper.from_file(e3nn_file, cueq=True)
     assert converted.cuequivariance
     _assert_same(converted(batch.clone(), compute_stress=True), ref)
@@ -128,7 +115,7 @@ def test_from_file_cueq_round_trip(tmp_path, cueq_model):
 
 
 def test_messages_without_cuequivariance_or_cuda(monkeypatch):
-    model = random_mace(**ARCH)
+    model = random_mace(**SMALL_CUEQ_ARCH)
     with pytest.raises(ValueError, match="conv_fusion=True needs the model on a CUDA device"):
         MACEWrapper(model, cueq=True, conv_fusion=True)
     with pytest.raises(ValueError, match="pass cueq=True with it"):
@@ -158,14 +145,14 @@ def test_fused_convolution_distributed_equals_one_process(cueq_model, world_size
     """mace's fused-convolution call (senders as an input index, receivers as an output
     index) on cuEq's reference kernels: the rule that gives it the sender table and
     completes the receiver sums, under halo and sharded storage, vs one process."""
-    fused = reference_fused_cueq_wrapper(**ARCH)
+    fused = reference_fused_cueq_wrapper(**SMALL_CUEQ_ARCH)
     assert fused.model_config.extra["tensor_products"] == "cuequivariance (fused conv, torch reference kernels)"
-    systems = _systems()
+    systems = small_cueq_systems()
     refs = {name: fused(b.clone(), compute_stress=True) for name, b in systems.items()}
     for name, batch in systems.items():  # the fused form is the same model as the unfused one
         _assert_same(refs[name], cueq_model(batch.clone(), compute_stress=True), tol=1e-11)
     strategies = ("halo", "sharded")
-    factory = functools.partial(reference_fused_cueq_wrapper, **ARCH)
+    factory = functools.partial(reference_fused_cueq_wrapper, **SMALL_CUEQ_ARCH)
     parts = run_ranks(outputs_per_strategy, world_size, factory, list(systems.values()), strategies, timeout=600)
     for strategy in strategies:
         for i, (name, batch) in enumerate(systems.items()):

@@ -42,7 +42,7 @@ DEVICE = "cuda"  # --device cpu: a smoke run of this script (with --backend aot_
 
 def sync():
     if DEVICE == "cuda":
-        sync()
+        torch.cuda.synchronize()
 
 
 def counters(dm) -> int:

@@ -95,7 +95,11 @@ def _keeps_origin(name: str, base: type, unary: bool = False):
             return _tainted(plain(self), self.origin)
     else:
         def method(self, other):
-            result = plain(self, other)
+            try:
+                result = plain(self, other)
+            except ZeroDivisionError:  # 0 rows on this rank: the other ranks refuse the value later
+                count = other if type(other) in _COUNT_TYPES else self
+                raise count_refusal(f"Python's `{name}` (division by zero)", count) from None
             if result is NotImplemented and base is int and isinstance(other, float):
                 result = getattr(float, name)(float(self), other)  # n * 0.5: float's rule, kept tainted
             if result is NotImplemented:
@@ -184,10 +188,15 @@ def refuse_count_values(func, args, kwargs, out) -> None:
         a = next(v for v in kwargs.values() if type(v) in _COUNT_TYPES)
     if not isinstance(out, torch.Tensor) or not (out.is_floating_point() or out.is_complex()):
         return
+    raise count_refusal(f"`{op_name(func)}`", a)
+
+
+def count_refusal(what: str, count):
+    """The refusal of ``count`` (a `LocalCount` or `LocalRatio`) used as a value by ``what``."""
     from mlipdd.shard.propagation import NoRuleError  # propagation imports this module
 
-    raise NoRuleError(
-        f"`{op_name(func)}` uses the number {a!r} computed from this rank's row count ({_origin_text(a.origin)}) as a "
+    return NoRuleError(
+        f"{what} uses the number {count!r} computed from this rank's row count ({_origin_text(count.origin)}) as a "
         "value: under domain decomposition a rank counts only its own rows (with ghost copies under "
         "halo storage), one process counts the whole system, so the result would differ "
         "(NOTE [counts are sizes] in mlipdd.shard.counts). Count exactly over ranks instead: "

@@ -37,7 +37,7 @@ import torch
 from mlipdd.shard.placement import Opaque, describe, placement_of, tensor_args
 from mlipdd.shard.propagation import NoRuleError, op_name
 
-__all__ = ["LIVE", "check_partial_inputs", "is_partial", "mark_partial", "place_gradients", "remember"]
+__all__ = ["LIVE", "check_outputs_in_graph", "check_partial_inputs", "is_partial", "mark_partial", "place_gradients", "remember"]
 
 SHARE = Opaque("a gradient by a value every rank holds: this rank's share of it, summed over ranks when returned",
                None)
@@ -65,6 +65,25 @@ def place_gradients(grads, args, kwargs, meta):
                 place = replace(place, partial=True)
             placed.append(ShardTensor.wrap(g, x._meta, place))
     return type(grads)(placed)
+
+
+def check_outputs_in_graph(args, kwargs, meta) -> None:
+    """Refuse ``torch.autograd.grad`` of an output that does not depend on anything on
+    this rank: its backward would skip the exchanges the other ranks' backward passes
+    wait for, and torch's own error names no cause."""
+    outputs = args[0] if args else kwargs["outputs"]
+    outputs = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
+    if all(o.requires_grad for o in outputs):
+        return
+    raise NoRuleError(
+        f"the energy (or another differentiated output) does not depend on the inputs on this rank, "
+        f"which holds {meta.n_owned} owned atoms; on one process it does, and the other ranks' "
+        "backward passes wait for this rank's part of them. A per-atom result started as a fresh "
+        "tensor (new_zeros, zeros) and filled only by masked writes (`out[mask] = net(h[mask])` per "
+        "element) stays outside the autograd graph on a rank without atoms of those elements. Start "
+        "it from the features (`out = h[:, 0] * 0`, then the masked writes), or gather the "
+        "per-element results with index_add/scatter."
+    )
 
 
 # ids of live partial tensors (a weakref each): the check costs nothing while there are none

@@ -17,6 +17,7 @@ results are `Opaque`, so a float computed from them is refused where it would ma
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import replace
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from mlipdd.shard.counts import counted_rows, refuse_count_values
 from mlipdd.shard.placement import Opaque, Rows, describe, placement_of
 
-__all__ = ["PROPAGATE", "NoRuleError", "declare_row_local", "output_placement"]
+__all__ = ["PROPAGATE", "NoRuleError", "declare_row_local", "explain_failure", "output_placement"]
 
 
 class NoRuleError(RuntimeError):
@@ -825,6 +826,22 @@ def _broadcast_tensors(func, args, kwargs, out):
 
 
 PROPAGATE[torch.broadcast_tensors] = _broadcast_tensors
+
+
+def explain_failure(func, args, kwargs, error: Exception) -> None:
+    """NOTE [failed on this rank]: an op on rows can fail in torch on one rank before its
+    refusal is reached (``topk(k)`` or ``max()`` on a rank that owns no atom, an index past
+    this rank's rows), while the other ranks raise the refusal: each rank must stop with
+    the op and the fix. Raise the refusal the op would get, else tag ``error`` with the op
+    and its rows so `owned_rows_scope` can word it (the error itself is kept)."""
+    with contextlib.suppress(AttributeError, TypeError, IndexError, ValueError):  # a rule reading the result
+        try:
+            output_placement(func, args, kwargs, None)
+        except NoRuleError as refusal:
+            raise refusal from error
+    rows = _row_args(args, kwargs)
+    if rows:
+        error.mlipdd_op = f"`{op_name(func)}` on {describe(rows[0][2])}"
 
 
 def output_placement(func, args, kwargs, out):

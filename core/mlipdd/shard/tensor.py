@@ -23,7 +23,7 @@ from mlipdd.shard.counts import refuse_count_values
 from mlipdd.shard.exchange import ExchangePlan, halo_fill
 from mlipdd.shard.layouts import HALO, Layout, Replicated
 from mlipdd.shard.placement import ATOMS, EDGES, Rows, tensor_args
-from mlipdd.shard.propagation import output_placement
+from mlipdd.shard.propagation import explain_failure, output_placement
 
 
 @dataclass(frozen=True)
@@ -222,8 +222,15 @@ class ShardTensor(torch.Tensor):
                 out = rule.handler(func, meta, args, kwargs)
                 unseen.mark_by_hand(out, rule.name, args, kwargs)
                 return out
+        if func is torch.autograd.grad and meta is not None:
+            partial.check_outputs_in_graph(args, kwargs, meta)
         with torch._C.DisableTorchFunctionSubclass():
-            out = func(*args, **kwargs)
+            try:
+                out = func(*args, **kwargs)
+            except (RuntimeError, IndexError) as error:
+                if meta is not None and type(error) in (RuntimeError, IndexError) and func is not torch.autograd.grad:
+                    explain_failure(func, args, kwargs, error)  # NOTE [failed on this rank]
+                raise
         if meta is None or func in _NO_PROMOTE:
             return out
         if func is torch.autograd.grad:

@@ -139,7 +139,7 @@ def test_merge_rejects_non_policies():
 def test_output_kind_parse_and_predicates():
     assert OutputKind.parse("PER_NODE") is OutputKind.PER_NODE
     assert OutputKind.parse("per_graph") is OutputKind.PER_GRAPH
-    assert OutputKind.GLOBAL.is_global() and OutputKind.UNKNOWN.is_unknown()
+    assert OutputKind.GLOBAL.is_global() and OutputKind.UNKNOWN is OutputKind.parse("unknown")
     with pytest.raises(SpecError, match="unknown output kind 'per_atom' for output 'x'"):
         OutputKind.parse("per_atom", output="x")
 

@@ -22,7 +22,6 @@ from ase.data import chemical_symbols
 # with its atom (node) or system through batching, partitioning and migration.
 NODE_FIELDS = ("positions", "atomic_numbers", "atomic_masses", "velocities", "forces", "atom_ids")
 SYSTEM_FIELDS = ("cell", "pbc", "charge", "spin", "energy", "stress")
-_INTEGER_FIELDS = {"atomic_numbers", "atom_ids", "pbc"}
 
 
 class InputError(ValueError):

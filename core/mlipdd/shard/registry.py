@@ -175,10 +175,6 @@ def rules_in_order() -> list[Rule]:
     return sorted(_RULES, key=lambda r: PRECEDENCE.index(r.name))
 
 
-def handled_ops() -> list:
-    return list(dict.fromkeys(op for r in _RULES for op in r.ops))
-
-
 def reset_counts() -> None:
     FIRED.clear()
 

@@ -24,17 +24,11 @@ class OutputKind(enum.Enum):
     GLOBAL = "global"
     UNKNOWN = "unknown"
 
-    def is_per_node(self) -> bool:
-        return self is OutputKind.PER_NODE
-
     def is_per_graph(self) -> bool:
         return self is OutputKind.PER_GRAPH
 
     def is_global(self) -> bool:
         return self is OutputKind.GLOBAL
-
-    def is_unknown(self) -> bool:
-        return self is OutputKind.UNKNOWN
 
     @classmethod
     def parse(cls, value: OutputKind | str, *, output: str = "") -> OutputKind:

@@ -212,12 +212,6 @@ class MLIPSpec:
 
         return spec_to_dict(self)
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, allow: Iterable[str] = ()) -> MLIPSpec:
-        from mlipdd.spec.serialize import spec_from_dict
-
-        return spec_from_dict(data, allow=allow)
-
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the spec as versioned JSON (see ``mlipdd.spec.serialize``)."""
         from mlipdd.spec.serialize import save_spec

@@ -120,13 +120,6 @@ def remove_patch(handle: PatchHandle) -> None:
         _rebuild(slot)
 
 
-def active_patches(owner: Any, name: str) -> tuple[str, ...]:
-    """Labels of the patches now applied to ``owner.name``, bottom first (for messages)."""
-    with _LOCK:
-        slot = _SLOTS.get((id(owner), name))
-        return tuple(h.label for h in slot.layers) if slot else ()
-
-
 # NOTE [adapter context]: replacements sometimes need run-time data (a node partition,
 # a process group). ``installed(..., context=obj)`` publishes ``obj`` for the block in a
 # ContextVar, so a replacement reads it with ``adapter_context()`` instead of a global.

@@ -64,11 +64,6 @@ def import_attr(module: str, qualname: str, *, what: str = "object") -> Any:
     return obj
 
 
-def resolve_ref(ref: str, *, what: str = "object") -> Any:
-    module, qualname = split_ref(ref)
-    return import_attr(module, qualname, what=what)
-
-
 # what each declared kind accepts (see NOTE [defined, not re-exported])
 _KINDS = {
     "function": (inspect.isfunction, "a Python function (def at module level or in a class)"),

@@ -38,11 +38,11 @@ def mlipdd_register_spec_modules(register: RegisterSpecModule) -> None:
 
 @hookimpl
 def mlipdd_register_strategies(register: RegisterStrategy) -> None:
-    from mlipdd.strategy import GraphPartitionStrategy, HaloStrategy, ShardedStrategy, StrategyKind
+    from mlipdd.strategy import GraphPartitionStrategy, HaloStrategy, ShardedStrategy
 
-    register(StrategyKind.HALO.value, HaloStrategy,
+    register(HaloStrategy.name, HaloStrategy,
              "spatial subdomains + ghost shell (short-range MPNNs, pair potentials)")
-    register(StrategyKind.SHARDED.value, ShardedStrategy,
+    register(ShardedStrategy.name, ShardedStrategy,
              "spatial ownership, owned rows only; reads of remote rows routed to their owners")
-    register(StrategyKind.GRAPH_PARTITION.value, GraphPartitionStrategy,
+    register(GraphPartitionStrategy.name, GraphPartitionStrategy,
              "replicated positions, node partition (models that build their own graph)")

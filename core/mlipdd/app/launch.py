@@ -220,7 +220,7 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
         # collective (temperature, atom count reduce over ranks): every rank computes it
         summary = _summary(cfg, dynamics, owned, hooks[0].records, wall, start_energy, end_energy,
                            first_step)
-        grid = dp.strategy.grid.dims if dp.strategy.grid is not None else None
+        grid = dp.strategy.report()["grid"]
         strategy_used = dp.model.config.strategy_name  # "auto" resolved by the model
         summary["neighbor_list_builds"] = dp.strategy.rebuilds
         summary["load_imbalance"] = dp.model.load_imbalance

@@ -12,7 +12,6 @@ import functools
 
 from mlipdd.cli.run_cmd import parse_model_args
 from mlipdd.data import InputError
-from mlipdd.validate.strategies import STRATEGY_PRESETS
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -28,8 +27,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="keyword argument for the model factory; repeat for several (values parsed as JSON)")
     add("--world-size", type=int, default=2, help="number of spawned ranks (default 2)")
     add("--strategy", default="halo", metavar="NAME",
-        help=f"decomposition strategy the ranks run: {', '.join(STRATEGY_PRESETS)} or one a plugin "
-             "registers (default halo)")
+        help="decomposition strategy the ranks run: a registered name (halo, sharded, "
+             "graph_partition or a plugin's; `mlipdd plugins` lists them; default halo)")
     add("--spec", metavar="FILE", help="start from this spec file instead of the model's own")
     add("--system", default=None, metavar="NAME",
         help="sample cell from mlipdd.testing.systems (cubic, triclinic, small_cell, slab, "

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from mlipdd.data import InputError
 from mlipdd.strategy.balance import check_balance
+from mlipdd.strategy.fitting import strategy_name
 from mlipdd.strategy.kinds import StrategyKind
 
 __all__ = ["DomainConfig", "StrategyKind"]
@@ -17,8 +18,9 @@ class DomainConfig:
     """``cutoff``: the model's interaction cutoff; ``skin``: Verlet skin (the halo is
     ``cutoff + skin`` wide and is rebuilt when an atom has moved ``skin / 2``);
     ``grid``: rank grid ``(gx, gy, gz)`` or None to choose the one with least halo;
-    ``strategy``: a `StrategyKind` or the name of a strategy a plugin registered
-    (``mlipdd_register_strategies``); None (the default): the model's
+    ``strategy``: the name of a registered strategy (``"halo"``, ``"sharded"``,
+    ``"graph_partition"``, a plugin's: ``mlipdd_register_strategies``; a `StrategyKind`
+    member is its name), kept as that name; None (the default): the model's
     ``preferred_strategy`` when it runs on several ranks under its own spec, halo
     otherwise (`resolve_strategy`; MACE prefers sharded storage);
     ``check_every``: the per-call checks (finite positions in, finite energy / forces /
@@ -58,7 +60,7 @@ class DomainConfig:
 
     cutoff: float
     skin: float = 0.5
-    strategy: StrategyKind | str | None = None
+    strategy: str | None = None
     grid: tuple[int, int, int] | None = None
     check_every: int = 10
     balance: str | None = None
@@ -80,7 +82,7 @@ class DomainConfig:
         if self.grid is not None and (len(self.grid) != 3 or min(self.grid) < 1):
             raise InputError(f"DomainConfig.grid must be three positive integers, got {self.grid}")
         check_balance(self.balance, self.balance_every, self.balance_damping)
-        if self.cuda_graph and self.strategy not in (None, StrategyKind.HALO):
+        if self.cuda_graph and self.strategy not in (None, "halo"):
             raise InputError(
                 f"DomainConfig(cuda_graph=True) replays the one-rank halo path, not the "
                 f"{self.strategy_name} strategy; use strategy='halo' (at one rank every strategy "
@@ -88,10 +90,10 @@ class DomainConfig:
             )
         if self.compile:
             _check_compile(self)
-        if self.balance is not None and self.strategy is StrategyKind.GRAPH_PARTITION:
+        if self.balance is not None and self.strategy is not None and not _strategy_class(self.strategy).spatial:
             raise InputError(
-                "DomainConfig.balance moves the spatial cut planes of the halo and sharded strategies; "
-                "graph_partition splits atoms by count already: use strategy='halo' or leave balance=None"
+                f"DomainConfig.balance moves the spatial cut planes of a strategy that owns atoms by them "
+                f"(halo, sharded); {self.strategy} does not: use strategy='halo' or leave balance=None"
             )
 
     @property
@@ -101,9 +103,7 @@ class DomainConfig:
     @property
     def strategy_name(self) -> str:
         """The strategy's name; ``"auto"`` while it is still the model's to choose."""
-        if self.strategy is None:
-            return "auto"
-        return self.strategy.value if isinstance(self.strategy, StrategyKind) else self.strategy
+        return "auto" if self.strategy is None else self.strategy
 
 
 def _check_compile(config: DomainConfig) -> None:
@@ -112,7 +112,7 @@ def _check_compile(config: DomainConfig) -> None:
             "DomainConfig(compile=True, cuda_graph=True): choose one; cuda_graph replays the eager "
             "force call from a CUDA graph (small systems, host-bound), compile fuses its kernels"
         )
-    if config.strategy not in (None, StrategyKind.HALO):
+    if config.strategy not in (None, "halo"):
         raise InputError(
             f"DomainConfig(compile=True) compiles the halo path, not the {config.strategy_name} "
             "strategy (its rows are ShardTensors, which torch.compile cannot trace yet); use "
@@ -137,21 +137,22 @@ def resolve_strategy(config: DomainConfig, model, world_size: int, own_spec: boo
     return dataclasses.replace(config, strategy=chosen)
 
 
-def _strategy_name(value) -> StrategyKind | str:
-    """A built-in strategy as its `StrategyKind`, a registered plugin strategy as its name."""
-    if isinstance(value, StrategyKind):
-        return value
-    try:
-        return StrategyKind(value)
-    except ValueError:
-        pass
-    from mlipdd.plugins import registry  # the registry sits above the layers it fills
+def _strategy_class(name: str) -> type:
+    from mlipdd.plugins import get_strategy  # the registry sits above the layers it fills
 
+    return get_strategy(name)
+
+
+def _strategy_name(value) -> str:
+    """The registered name of the strategy ``value`` names (a `StrategyKind` is its name)."""
+    from mlipdd.plugins import registry
+
+    name = strategy_name(value)
     known = registry().strategies
-    if not isinstance(value, str) or value not in known:
+    if not isinstance(value, str) or name not in known:
         raise InputError(
             f"DomainConfig.strategy {value!r} is not a registered strategy; use one of "
             f"{sorted(known)} (`mlipdd plugins` lists them), or install / register the plugin "
             "that provides it (hook mlipdd_register_strategies)"
         )
-    return value
+    return name

@@ -22,15 +22,14 @@ from mlipdd.comm import (
 from mlipdd.data import Batch, InputError, check_not_empty
 from mlipdd.distributed.compiled import CompiledForceCall
 from mlipdd.distributed.compiled_halo import CompiledHaloCall, is_energy_model
-from mlipdd.distributed.config import DomainConfig, StrategyKind, resolve_strategy
+from mlipdd.distributed.config import DomainConfig, resolve_strategy
 from mlipdd.distributed.cuda_graph import TRIM_MARGIN, GraphedForceCall, edges_within
 from mlipdd.plugins import get_strategy
 from mlipdd.shard.custom_ops import activated
 from mlipdd.spec.patching import installed
-from mlipdd.strategy.balance import load_balance_of
 
 
-def resolve_spec(model, strategy: StrategyKind | str, spec=None):
+def resolve_spec(model, strategy: str, spec=None):
     """The spec to run under: given, the wrapper's own, or the MPNN halo default."""
     if spec is None:
         spec = model.distribution_spec(strategy)
@@ -144,7 +143,7 @@ class DistributedModel(nn.Module):
     @property
     def load_imbalance(self) -> float | None:
         """Max/mean owned atoms per rank at the latest rebuild (None: not measured)."""
-        return getattr(load_balance_of(self.strategy), "imbalance", None)
+        return self.strategy.report()["load_imbalance"]
 
     def partition(self, full: Batch | None, device=None) -> Batch:
         """Rank 0 holds the full system (None elsewhere); returns this rank's owned atoms,

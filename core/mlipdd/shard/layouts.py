@@ -15,7 +15,7 @@ A `ShardMeta` carries one layout; the dispatch picks its rules by the layout's t
 # NOTE [layouts are not policies]
 A storage policy (`mlipdd.spec.policies`) is what a model's spec asks for, in words a
 spec file can store; a layout is what the running rank has, with the options the
-dispatch reads. `layout_for(policy)` is the one translation from one to the other.
+dispatch reads. Each strategy translates one into the other (`Strategy.layout(policy)`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from mlipdd.shard.exchange import ExchangePlan
 
-__all__ = ["HALO", "GraphPartition", "Halo", "Layout", "Replicated", "Sharded", "layout_for"]
+__all__ = ["HALO", "GraphPartition", "Halo", "Layout", "Replicated", "Sharded"]
 
 
 @dataclass(frozen=True)
@@ -136,24 +136,3 @@ class GraphPartition(Layout):
     def system_reductions(self) -> bool:
         return self.reduce_systems
 
-
-def layout_for(policy, storage: str) -> Layout:
-    """The layout a strategy of ``storage`` kind (``"halo"``, ``"sharded"``,
-    ``"graph_partition"``) gives a model whose spec has ``policy``.
-
-    A `LocalPolicy` keeps everything on the rank; a halo policy under sharded storage
-    ("halo | sharded -> sharded") has its reads and scatters routed.
-    """
-    local = policy.is_local()
-    if storage == "halo":
-        return Halo(correct_scatters=not local and policy.scatter == "halo_correction",
-                    reduce_systems=policy.system_reductions)
-    if storage == "sharded":
-        if policy.is_sharded():
-            return Sharded(route_gathers=policy.gather == "distributed",
-                           route_scatters=policy.scatter == "distributed",
-                           reduce_systems=policy.system_reductions)
-        return Sharded(reduce_systems=policy.system_reductions)
-    if storage == "graph_partition":
-        return GraphPartition(reduce_systems=policy.system_reductions)
-    raise ValueError(f"unknown storage {storage!r}; use 'halo', 'sharded' or 'graph_partition'")

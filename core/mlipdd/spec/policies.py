@@ -67,6 +67,12 @@ class _PolicyBase:
     def is_graph_parallel(self) -> bool:
         return self.kind == "graph_parallel"
 
+    def merge_with(self, other) -> _PolicyBase | None:
+        """The policy of a pipeline running a block under ``self`` and one under ``other``,
+        for a pair the merge table does not list (a policy a third party defines answers
+        here; None: no answer, and the other operand is asked)."""
+        return None
+
     def rules(self) -> dict[str, object]:
         """The policy's fields as a plain dict (what a spec file stores)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -188,7 +194,16 @@ def merge_policies(a: StoragePolicy, b: StoragePolicy) -> StoragePolicy:
                 f"{policy!r} is not a storage policy; use one of "
                 f"{', '.join(cls.__name__ for cls in POLICY_KINDS.values())}"
             )
-    outcome = _MERGE_TABLE[frozenset({a.kind, b.kind})]
+    outcome = _MERGE_TABLE.get(frozenset({a.kind, b.kind}))
+    if outcome is None:  # a policy kind of a third party: the policies themselves answer
+        merged = a.merge_with(b) or b.merge_with(a)
+        if merged is None:
+            raise SpecError(
+                f"no rule composes {type(a).__name__} (kind {a.kind!r}) with {type(b).__name__} "
+                f"(kind {b.kind!r}); define merge_with(other) on the new policy, returning the "
+                "merged policy (or raising SpecError when the two cannot share one pipeline)"
+            )
+        return merged
     if isinstance(outcome, _Incompatible):
         other = a.kind if b.is_graph_parallel() else b.kind
         raise SpecError(

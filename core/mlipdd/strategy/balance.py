@@ -151,9 +151,9 @@ class LoadBalance:
 
 
 def load_balance_of(strategy) -> LoadBalance | None:
-    """The `LoadBalance` of a strategy built on spatial ownership (it composes a
-    `HaloPlanner` as ``.halo``); None for any other strategy."""
-    return getattr(getattr(strategy, "halo", None), "balance", None)
+    """The `LoadBalance` of a strategy that moves its cut planes (``Strategy.balance``);
+    None for any other strategy."""
+    return strategy.balance
 
 
 def balanced_cuts(frac: torch.Tensor, weights: torch.Tensor | None, dims, group=None,

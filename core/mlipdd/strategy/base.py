@@ -6,14 +6,24 @@
     strategy.use_spec(spec)                        # once
     owned = strategy.partition(full_on_rank_0, device)
     strategy.prepare(owned)                        # collective: rebuild / migrate when due
-    model_batch, meta = strategy.model_batch(owned, spec)
+    model_batch, meta = strategy.model_batch(owned, spec)   # rows laid out as layout(policy)
     with strategy.model_scope(meta):
         outputs = model(model_batch)
     result = strategy.consolidate(outputs, meta, spec, autograd_outputs)
 
-Strategies are found by name in the plugin registry (hook
-``mlipdd_register_strategies``); the built-in halo, sharded and graph-partition
-strategies register through the built-in plugin like any third party's.
+Under `DomainParallel`, ``prepare`` is its own stage of the MD step, before the force
+call (NOTE [decomposition stage] in `mlipdd.distributed.model`).
+
+# NOTE [a strategy is self-contained]
+Everything the rest of mlipdd needs to know about a strategy is on its class: which
+storage policies it serves (``accepts``), the row layout it gives such a model
+(``layout``), the preset a plain model starts from (``preset``, for validation),
+whether every rank holds the whole system (``whole_system``) and whether its ownership
+is by cut planes (``spatial``: ``DomainConfig(balance=...)`` applies), and what a run
+reports of it (``report``). No table in the core is keyed by a strategy's name, so a
+third party's strategy, registered with ``mlipdd_register_strategies``, needs no core
+edit; the built-in halo, sharded and graph-partition strategies register through the
+built-in plugin like any third party's.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from mlipdd.comm import OnGroup
 if TYPE_CHECKING:
     from mlipdd.data import Batch
     from mlipdd.shard import ShardMeta
+    from mlipdd.shard.layouts import Layout
 
 __all__ = ["Strategy"]
 
@@ -36,12 +47,17 @@ class Strategy(OnGroup, abc.ABC):
 
     ``group`` is the process group it works on (``rank`` / ``world_size`` come from
     it). ``grid`` (a `RankGrid`, or None) and ``rebuilds`` (neighbour-list rebuilds so
-    far) are what run reports print; override them when the strategy has them.
+    far) are what `report` reads; override them when the strategy has them.
     """
 
     name: ClassVar[str] = ""  # the registered name, for messages
+    # NOTE [a strategy is self-contained]
+    preset: ClassVar[str | None] = None  # registered preset a model without a spec is validated from
+    whole_system: ClassVar[bool] = False  # every rank holds every atom (validation checks ownership)
+    spatial: ClassVar[bool] = False  # owns atoms by cut planes, so DomainConfig.balance applies
     grid = None
     rebuilds: int = 0
+    balance = None  # the `LoadBalance` of a strategy that moves its cut planes
 
     @classmethod
     @abc.abstractmethod
@@ -54,12 +70,18 @@ class Strategy(OnGroup, abc.ABC):
         """Whether a model whose spec has this storage ``policy`` can run under it."""
 
     @abc.abstractmethod
+    def layout(self, policy) -> Layout:
+        """The row layout (`mlipdd.shard.layouts`) a model with ``policy`` gets here: the
+        dispatch picks its rules by the layout's type, so this decides how ops cross ranks."""
+
+    @abc.abstractmethod
     def partition(self, full: Batch | None, device=None) -> Batch:
         """Collective: rank 0's full batch (None elsewhere) -> this rank's owned batch."""
 
     @abc.abstractmethod
     def prepare(self, batch: Batch) -> None:
-        """Collective, before every forward: validate, rebuild and migrate when due."""
+        """Collective, before every forward: rebuild and migrate when due (the batch's
+        positions were checked finite on every rank first)."""
 
     @abc.abstractmethod
     def model_batch(self, batch: Batch, spec) -> tuple[Batch, ShardMeta]:
@@ -76,3 +98,18 @@ class Strategy(OnGroup, abc.ABC):
     def model_scope(self, meta: ShardMeta):
         """A context entered around the model's forward (default: none)."""
         return contextlib.nullcontext()
+
+    def ghost_rows(self) -> int:
+        """Rows of atoms owned elsewhere that this rank's model reads, at the latest rebuild
+        (halo: the ghost shell; sharded: the request table; default 0)."""
+        return 0
+
+    def report(self) -> dict:
+        """What run summaries, benchmarks and the conformance kit print of this strategy:
+        ``strategy`` (its name), ``grid`` (ranks per axis, or None), ``ghost_rows``,
+        ``rebuilds`` and ``load_imbalance`` (max / mean owned atoms at the latest rebuild,
+        or None); a strategy may add its own keys (sharded: ``stored_rows``)."""
+        grid = self.grid
+        return {"strategy": self.name, "grid": None if grid is None else tuple(grid.dims),
+                "ghost_rows": self.ghost_rows(), "rebuilds": self.rebuilds,
+                "load_imbalance": getattr(self.balance, "imbalance", None)}

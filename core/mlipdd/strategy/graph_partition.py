@@ -45,10 +45,9 @@ from mlipdd.shard.graph_parallel import (
     partition_scope,
     reduce_scatter_rows,
 )
-from mlipdd.shard.layouts import layout_for
+from mlipdd.shard.layouts import GraphPartition
 from mlipdd.strategy.base import Strategy
 from mlipdd.strategy.grid import RankGrid
-from mlipdd.strategy.kinds import StrategyKind
 from mlipdd.strategy.outputs import consolidate_outputs
 
 # Per-atom fields that change during a run and are no model input: not replicated.
@@ -63,13 +62,15 @@ class GraphPartitionState:
     static_node: dict  # full-batch per-atom fields except positions (and dynamics)
     owned_ids: torch.Tensor  # atom ids of this rank's block, to check the batch given
     n_systems: int
-    plan: ExchangePlan  # no ghost rows: lets halo-style reporting read n_ghost == 0
+    plan: ExchangePlan  # no ghost rows: the meta's rows are the owned block
 
 
 class GraphPartitionStrategy(Strategy):
     """See the module docstring; one per DistributedModel."""
 
-    name = StrategyKind.GRAPH_PARTITION.value
+    name = "graph_partition"
+    preset = "SPEC_MPNN_GP"
+    whole_system = True
 
     def __init__(self, group=None):
         self.group = group
@@ -85,6 +86,9 @@ class GraphPartitionStrategy(Strategy):
     @classmethod
     def accepts(cls, policy) -> bool:
         return policy.is_graph_parallel()
+
+    def layout(self, policy) -> GraphPartition:
+        return GraphPartition(reduce_systems=policy.system_reductions)
 
     # ---- the strategy protocol ----------------------------------------------------------
     def partition(self, full: Batch | None, device=None) -> Batch:
@@ -122,7 +126,7 @@ class GraphPartitionStrategy(Strategy):
         meta = ShardMeta(
             plan=state.plan,
             n_systems=state.n_systems,
-            layout=layout_for(policy, "graph_partition"),
+            layout=self.layout(policy),
             group=self.group,
             notes={"scope": PartitionScope(p)},
         )

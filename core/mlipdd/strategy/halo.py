@@ -35,14 +35,13 @@ from mlipdd.data import NODE_FIELDS, Batch, InputError, fractional
 from mlipdd.neighbors import NeighborList, build_neighbor_list, strained_list_invalid
 from mlipdd.shard import ShardMeta, ShardTensor, halo_accumulate
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows, pad
-from mlipdd.shard.layouts import layout_for
+from mlipdd.shard.layouts import Halo
 from mlipdd.shard.placement import ATOMS, SYSTEM_INDEX, placement_of
 from mlipdd.shard.scripted import script_functions_dispatched
 from mlipdd.shard.tensor import neighbors_as_edge_rows
 from mlipdd.strategy.balance import LoadBalance
 from mlipdd.strategy.base import Strategy
 from mlipdd.strategy.grid import RankGrid, check_grid, choose_grid, halo_targets, plane_spacings
-from mlipdd.strategy.kinds import StrategyKind
 from mlipdd.strategy.outputs import consolidate_outputs
 
 
@@ -231,6 +230,8 @@ class SpatialStrategy(Strategy):
     """A strategy built on spatial ownership: it holds a `HaloPlanner` (subdomains,
     migration, the halo plan) and decides what the model sees of it."""
 
+    spatial = True
+
     def __init__(self, planner: HaloPlanner):
         self.halo = planner
         self.group = planner.group
@@ -248,19 +249,33 @@ class SpatialStrategy(Strategy):
     def rebuilds(self) -> int:
         return self.halo.rebuilds
 
+    @property
+    def balance(self):
+        return self.halo.balance
+
+    def ghost_rows(self) -> int:
+        return 0 if self.state is None else self.state.plan.n_ghost
+
     def partition(self, full: Batch | None, device=None) -> Batch:
         self.state = None
         return self.halo.partition(full, device)
 
 
 class HaloStrategy(SpatialStrategy):
-    """`StrategyKind.HALO`: the model sees ``[owned | ghost]`` rows (module docstring)."""
+    """``"halo"``: the model sees ``[owned | ghost]`` rows (module docstring)."""
 
-    name = StrategyKind.HALO.value
+    name = "halo"
+    preset = "SPEC_MPNN_HALO"
 
     @classmethod
     def accepts(cls, policy) -> bool:
         return policy.is_halo() or policy.is_local()
+
+    def layout(self, policy) -> Halo:
+        """Ghost partials of scatters go home unless the policy keeps scatters local (a
+        `LocalPolicy` keeps everything on the rank)."""
+        return Halo(correct_scatters=not policy.is_local() and policy.scatter == "halo_correction",
+                    reduce_systems=policy.system_reductions)
 
     def prepare(self, batch: Batch) -> None:
         self.state = self.halo.prepare(batch, self.state) or self.state
@@ -284,7 +299,7 @@ class HaloStrategy(SpatialStrategy):
             plan=state.plan,
             n_systems=batch.num_systems,
             n_edges=state.neighbors.num_edges,
-            layout=layout_for(policy, "halo"),
+            layout=self.layout(policy),
             group=self.group,
         )
         positions = batch.positions.detach().requires_grad_(True)

@@ -1,4 +1,7 @@
-"""Names of the decomposition strategies (shared by the runtime and the strategies)."""
+"""The built-in strategies' names, spelled as constants for user code.
+
+Not a closed list: any name registered with ``mlipdd_register_strategies`` is a
+strategy, and the core decides by the strategy's class, never by this enum."""
 
 from __future__ import annotations
 

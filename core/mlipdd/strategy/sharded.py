@@ -30,13 +30,12 @@ from mlipdd.data import Batch, InputError
 from mlipdd.neighbors import NeighborList
 from mlipdd.shard import ShardMeta, ShardTensor
 from mlipdd.shard.exchange import ExchangePlan, all_to_all_rows
-from mlipdd.shard.layouts import layout_for
+from mlipdd.shard.layouts import Sharded
 from mlipdd.shard.owned_rows import owned_rows_scope
 from mlipdd.shard.placement import ATOMS, SYSTEM_INDEX
 from mlipdd.shard.scripted import script_functions_dispatched
 from mlipdd.shard.tensor import neighbors_as_edge_rows
 from mlipdd.strategy.halo import HaloState, SpatialStrategy, exchange_counts, model_inputs
-from mlipdd.strategy.kinds import StrategyKind
 from mlipdd.strategy.outputs import consolidate_outputs
 
 
@@ -54,14 +53,25 @@ class ShardedState:
 
 
 class ShardedStrategy(SpatialStrategy):
-    """`StrategyKind.SHARDED`: owned rows only; remote reads routed to their owners."""
+    """``"sharded"``: owned rows only; remote reads routed to their owners."""
 
-    name = StrategyKind.SHARDED.value
+    name = "sharded"
+    preset = "SPEC_MPNN_SHARDED"
 
     @classmethod
     def accepts(cls, policy) -> bool:
-        # "halo | sharded -> sharded": a halo model's reads are served over the wire
-        return policy.is_sharded() or policy.is_halo()
+        # "halo | sharded -> sharded": a halo model's reads are served over the wire; one
+        # that builds its own graph over the ghost shell (NOTE [own graph]) needs the rows
+        return policy.is_sharded() or (policy.is_halo() and not policy.builds_own_graph)
+
+    def layout(self, policy) -> Sharded:
+        """A sharded policy says which of reads and scatters are routed; a halo policy
+        ("halo | sharded -> sharded") has both routed."""
+        if policy.is_sharded():
+            return Sharded(route_gathers=policy.gather == "distributed",
+                           route_scatters=policy.scatter == "distributed",
+                           reduce_systems=policy.system_reductions)
+        return Sharded(reduce_systems=policy.system_reductions)
 
     def prepare(self, batch: Batch) -> None:
         """Collective: when the halo plan is rebuilt, rewrite it over owned rows."""
@@ -76,7 +86,7 @@ class ShardedStrategy(SpatialStrategy):
             plan=state.plan,
             n_systems=batch.num_systems,
             n_edges=state.neighbors.num_edges,
-            layout=layout_for(spec.distribution.policy, "sharded"),
+            layout=self.layout(spec.distribution.policy),
             group=self.group,
         )
         # the ShardTensor itself is the leaf: wrapping a leaf under no_grad (dynamics) would
@@ -118,6 +128,9 @@ class ShardedStrategy(SpatialStrategy):
             "request_table": state.plan.n_ghost,  # transient: only inside a routed gather
             "halo_ghosts": state.halo_ghosts,
         }
+
+    def report(self) -> dict:
+        return {**super().report(), **({} if self.state is None else {"stored_rows": self.stored_rows()})}
 
 
 def shard_halo(halo: HaloState, batch: Batch, rank: int, group) -> ShardedState:

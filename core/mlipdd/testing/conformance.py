@@ -56,13 +56,14 @@ def distributed_outputs(rank, world_size, model_factory, batch, config_kwargs, c
     dm = DistributedModel(model, config, spec=spec)
     owned = dm.partition(batch if rank == 0 else None, device=device)
     out = dm(owned, compute_stress=compute_stress)
+    report = dm.strategy.report()  # through the protocol: any strategy, a third party's too
     return {
         "atom_ids": owned.atom_ids,
         "energy": out["energy"],
         "forces": out["forces"],
         "stress": out.get("stress"),
-        "grid": dm.strategy.grid.dims,
-        "n_ghost": dm.strategy.state.plan.n_ghost,
+        "grid": report["grid"],
+        "n_ghost": report["ghost_rows"],
     }
 
 
@@ -103,7 +104,6 @@ def _distributed_cases(rank, world_size, cases, compute_stress, device):
     out = []
     for factory, batch, config_kwargs in cases:
         from mlipdd.distributed import DistributedModel, DomainConfig
-        from mlipdd.strategy.balance import load_balance_of
 
         model = build_model(factory, device)
         dm = DistributedModel(model, DomainConfig(**{"cutoff": model.cutoff, **config_kwargs}))
@@ -112,7 +112,7 @@ def _distributed_cases(rank, world_size, cases, compute_stress, device):
         out.append({
             "atom_ids": owned.atom_ids, "energy": result["energy"], "forces": result["forces"],
             "stress": result.get("stress"), "grid": dm.strategy.grid,
-            "imbalance": getattr(load_balance_of(dm.strategy), "imbalance", None),
+            "imbalance": dm.strategy.report()["load_imbalance"],
         })
     return out
 

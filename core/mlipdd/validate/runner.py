@@ -23,7 +23,7 @@ from mlipdd.validate.cuda_check import cuda_check
 from mlipdd.validate.op_trace import OpTrace
 from mlipdd.validate.rank_trace import suspects_advice
 from mlipdd.validate.report import SAVE_HINT, ValidationReport
-from mlipdd.validate.strategies import WHOLE_SYSTEM_STRATEGIES, strategy_name, strategy_preset
+from mlipdd.validate.strategies import strategy_name, strategy_preset, whole_system
 from mlipdd.validate.translate import (
     Context,
     model_frame,
@@ -99,7 +99,7 @@ def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: i
         model = _as_wrapper(model_factory())
         if sample_batch is None:
             samples = default_samples(model, world_size)
-            if report.strategy in WHOLE_SYSTEM_STRATEGIES:  # every rank sees it all anyway
+            if whole_system(report.strategy):  # every rank sees it all anyway
                 samples = samples[:1]
         else:
             samples = list(sample_batch) if isinstance(sample_batch, (list, tuple)) else [sample_batch]
@@ -160,7 +160,7 @@ def _attempt_loop(report, spec, model_factory, samples, references, max_attempts
         attempt = run_attempt(number, change, spec, model_factory, samples, references,
                               report.world_size, report.tolerances,
                               config_kwargs={"strategy": report.strategy}, timeout=timeout,
-                              holds_all=report.strategy in WHOLE_SYSTEM_STRATEGIES)
+                              holds_all=whole_system(report.strategy))
         report.attempts.append(attempt)
         if attempt.ok:
             return

@@ -18,7 +18,7 @@ from mlipdd.spec import (
     OutputKind,
     ShardedStoragePolicy,
 )
-from mlipdd.strategy.kinds import StrategyKind
+from mlipdd.strategy.fitting import fitting_spec
 
 AIMNET2_OUTPUTS = {
     "energy": OutputKind.PER_GRAPH,
@@ -55,12 +55,6 @@ def aimnet2_halo_spec() -> MLIPSpec:
 
 
 def aimnet2_spec(strategy=None) -> MLIPSpec:
-    """The spec for ``strategy`` (None: sharded, the one AIMNet2 fits best)."""
-    kind = StrategyKind(strategy) if strategy is not None else StrategyKind.SHARDED
-    if kind is StrategyKind.SHARDED:
-        return aimnet2_sharded_spec()
-    if kind is StrategyKind.HALO:
-        return aimnet2_halo_spec()
-    raise NotImplementedError(
-        f"AIMNet2 has no spec for the {kind.value!r} strategy; use StrategyKind.SHARDED or StrategyKind.HALO"
-    )
+    """The spec for the strategy named ``strategy`` (None: sharded, the one AIMNet2 fits
+    best): the first of sharded and halo storage it accepts."""
+    return fitting_spec(strategy, (aimnet2_sharded_spec, aimnet2_halo_spec), "AIMNet2")

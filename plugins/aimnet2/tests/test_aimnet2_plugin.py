@@ -6,6 +6,7 @@ import pytest
 import torch
 from aimnet2_systems import DSF_CUTOFF, triclinic_crystal
 from mlipdd.data import AtomicData, Batch, InputError
+from mlipdd.spec.errors import SpecError
 from mlipdd_aimnet2.building import random_aimnet2
 from mlipdd_aimnet2.testing import molecular_crystal
 from mlipdd_aimnet2.wrapper import AIMNet2Wrapper
@@ -53,7 +54,7 @@ def test_specs_leave_one_process_results_unchanged(model):
         for key in ("energy", "forces", "stress", "charges"):
             assert torch.equal(again[key], plain[key]), key
     assert wrapper.distribution_spec().name == "aimnet2_sharded"
-    with pytest.raises(NotImplementedError, match="SHARDED or StrategyKind.HALO"):
+    with pytest.raises(SpecError, match="no spec for the .graph_partition. strategy.*halo, sharded"):
         wrapper.distribution_spec(StrategyKind.GRAPH_PARTITION)
 
 

@@ -52,9 +52,8 @@ class ChargeCoupled(ModelWrapper):
             composed = own | spec
             # A charge model that names one storage whatever the strategy (QEqModel: sharded)
             # but is plain torch runs on the electrostatics' layout when the requested
-            # strategy is that layout: keep the pair on the strategy's storage.
-            wanted = getattr(strategy, "value", strategy)
-            if wanted is None or composed.distribution.policy.kind == wanted or spec.distribution.policy.kind != wanted:
+            # strategy takes that layout and not the composed one: keep the pair on it.
+            if strategy is None or _accepts(strategy, composed) or not _accepts(strategy, spec):
                 spec = composed
         return spec.replace(output_kinds={**spec.output_kinds, "charges": OutputKind.PER_NODE},
                             name=f"{spec.name}_charge_coupled")
@@ -73,3 +72,11 @@ class ChargeCoupled(ModelWrapper):
             charges = model.last_charges
         self._charges = charges
         return energies + self.electrostatics.atomic_energies(batch, positions, cell, charges=charges)
+
+
+def _accepts(strategy, spec) -> bool:
+    """Whether the strategy registered as ``strategy`` runs a model with ``spec``'s storage."""
+    from mlipdd.plugins import get_strategy
+    from mlipdd.strategy.fitting import strategy_name
+
+    return get_strategy(strategy_name(strategy)).accepts(spec.distribution.policy)

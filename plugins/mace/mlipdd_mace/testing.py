@@ -205,7 +205,7 @@ def outputs_per_strategy(rank, world_size, model_factory, batches, strategies, d
                 "energy": out["energy"].detach().cpu(),
                 "forces": out["forces"].detach().cpu(),
                 "stress": out["stress"].detach().cpu(),
-                "n_ghost": dm.strategy.state.plan.n_ghost,
+                "n_ghost": dm.strategy.report()["ghost_rows"],
                 "cueq_rule_calls": sum(v for k, v in FIRED.items() if k.startswith("mace_cueq")) - before,
                 "cueq_fused_calls": FIRED["mace_cueq:fused_conv"] - fused_before,
             }

@@ -2,7 +2,7 @@
 
 `UMAWrapper` wraps a fairchem model object, an inference checkpoint or a released
 model by name; `SPEC_UMA_HALO` runs it under the spatial halo strategy and
-``wrapper.distribution_spec(StrategyKind.GRAPH_PARTITION)`` under graph partition.
+``wrapper.distribution_spec("graph_partition")`` under graph partition.
 Heavy imports (fairchem) happen on use, not on import of this package.
 """
 

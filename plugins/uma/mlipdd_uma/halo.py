@@ -97,7 +97,7 @@ def halo_generate_graph(original, self, data_dict):
         raise NotImplementedError(
             "this UMA backbone routes its mixture of experts by each system's composition, which "
             "the halo adapters do not reduce across ranks yet (a rank would route by its owned + "
-            "ghost atoms); run it with StrategyKind.GRAPH_PARTITION, which sees the whole system"
+            "ghost atoms); run it with strategy='graph_partition', which sees the whole system"
         )
     n_systems = int(data_dict["natoms"].shape[0])
     edge_index = padded_radius_graph(self, pos, data_dict["batch"], data_dict["cell"], n_systems)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 
 from mlipdd.spec import DistributionSpec, HaloStoragePolicy, MLIPSpec, OutputKind
-from mlipdd.strategy.kinds import StrategyKind
+from mlipdd.strategy.fitting import fitting_spec
 
 UMA_OUTPUTS = {
     "energy": OutputKind.PER_GRAPH,
@@ -33,18 +33,14 @@ def uma_halo_spec() -> MLIPSpec:
 
 
 def uma_spec(strategy=None) -> MLIPSpec:
-    """The spec for ``strategy`` (a `StrategyKind`; None means halo)."""
-    kind = StrategyKind(strategy) if strategy is not None else StrategyKind.HALO
-    if kind is StrategyKind.HALO:
-        return uma_halo_spec()
-    if kind is StrategyKind.GRAPH_PARTITION:
+    """The spec for the strategy named ``strategy`` (None means halo): the first of halo
+    and graph-parallel storage it accepts."""
+    def graph_partition():
         from mlipdd_uma.graph_partition import uma_graph_partition_spec
 
         return uma_graph_partition_spec()
-    raise NotImplementedError(
-        f"UMA has no spec for the {kind.value!r} strategy; use StrategyKind.HALO or "
-        "StrategyKind.GRAPH_PARTITION"
-    )
+
+    return fitting_spec(strategy, (uma_halo_spec, graph_partition), "UMA")
 
 
 def __getattr__(name: str):

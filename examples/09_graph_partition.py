@@ -7,7 +7,7 @@
 no neighbour list to pad with a halo. Under ``StrategyKind.GRAPH_PARTITION`` every rank
 sees the full geometry and owns a contiguous block of atoms; the model keeps the edges
 of its owned receivers and all-gathers node features once per layer through
-`mlipdd.shard.graph_parallel` (identity in one process).
+`mlipdd.shard.graph_partition` (identity in one process).
 
 The script checks one distributed force call against the one-process model on rank 0,
 then runs a short NVE under `DomainParallel` with the same strategy.

@@ -5,7 +5,7 @@ import torch
 from mlipdd.data import Batch, InputError
 from mlipdd.distributed import DistributedModel, DomainConfig
 from mlipdd.distributed.config import StrategyKind
-from mlipdd.shard import graph_parallel as gp
+from mlipdd.shard import graph_partition as gp
 from mlipdd.spec.presets import SPEC_MPNN_GP, SPEC_MPNN_HALO
 from mlipdd.testing import RankFailure, run_ranks
 from mlipdd.testing.conformance import check_conformance

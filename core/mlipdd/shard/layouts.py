@@ -10,7 +10,7 @@ A `ShardMeta` carries one layout; the dispatch picks its rules by the layout's t
 * `Replicated`: every rank holds the whole value (a per-system sum, the energy);
   ``source`` is the row layout it was reduced from.
 * `GraphPartition`: every rank holds every row, and owns a block of them (graph
-  partition strategy; the model calls `mlipdd.shard.graph_parallel` itself).
+  partition strategy; the model calls `mlipdd.shard.graph_partition` itself).
 
 # NOTE [layouts are not policies]
 A storage policy (`mlipdd.spec.policies`) is what a model's spec asks for, in words a
@@ -125,7 +125,7 @@ class Replicated(Layout):
 
 @dataclass(frozen=True)
 class GraphPartition(Layout):
-    """Every row on every rank; the model keeps to its owned block (graph_parallel)."""
+    """Every row on every rank; the model keeps to its owned block (mlipdd.shard.graph_partition)."""
 
     reduce_systems: bool = True
 

@@ -9,7 +9,7 @@ and no halo to pad. Instead:
   rows ``arange(n).tensor_split(W)[rank]`` of the whole batch (all systems together);
 * each forward all-gathers the owned positions, so the model sees the FULL geometry
   (and the current cell, from the owned batch) and builds its graph on it; the
-  partition is published for the forward (`mlipdd.shard.graph_parallel`), and the
+  partition is published for the forward (`mlipdd.shard.graph_partition`), and the
   model keeps the edges of owned receivers, runs its layers on owned rows and calls
   ``gather_nodes`` before reading sender features (reduce-scatter adjoint);
 * per-system energy comes out replicated (the model's ``sum_over_ranks``), stress
@@ -38,7 +38,7 @@ import torch
 from mlipdd.comm import agree_on_errors, broadcast_object, check_together, compute_on_rank0
 from mlipdd.data import Batch, InputError
 from mlipdd.shard import ExchangePlan, ShardMeta, local
-from mlipdd.shard.graph_parallel import (
+from mlipdd.shard.graph_partition import (
     NodePartition,
     PartitionScope,
     gather_rows,
@@ -186,6 +186,6 @@ def _unaware_model_error() -> InputError:
     return InputError(
         "the model ran under graph partition without asking for its node partition, so every "
         "rank did the whole computation and the forces would be counted once per rank. Make "
-        "the model graph-parallel aware with mlipdd.shard.graph_parallel (keep_owned_receivers, "
+        "the model graph-parallel aware with mlipdd.shard.graph_partition (keep_owned_receivers, "
         "gather_nodes, sum_over_ranks; identity in one process) or use the halo strategy"
     )

@@ -7,7 +7,7 @@ reads ``batch.neighbors``, so a halo-padded view cannot be handed to it: it runs
 under the graph-partition strategy instead.
 
 It is ordinary single-process code. The five calls into
-`mlipdd.shard.graph_parallel` mark where a node partition matters; each is the
+`mlipdd.shard.graph_partition` mark where a node partition matters; each is the
 identity when no partition is active, so one process runs it as a plain model:
 
 * ``keep_owned_receivers`` after the graph build (each edge on its receiver's owner);
@@ -27,7 +27,7 @@ from torch import nn
 from mlipdd.data import Batch, InputError
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig, strained
 from mlipdd.neighbors import build_neighbor_list
-from mlipdd.shard import graph_parallel as gp
+from mlipdd.shard import graph_partition as gp
 
 
 def _envelope(d: torch.Tensor, cutoff: float) -> torch.Tensor:

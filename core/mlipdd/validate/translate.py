@@ -176,7 +176,7 @@ def _partition_unaware(message: str, ctx: Context):
     return _pair(
         "the model ran under graph partition without using the partition helpers, so each "
         "rank computed the whole system",
-        "call mlipdd.shard.graph_parallel's keep_owned_receivers, gather_nodes, local_receivers "
+        "call mlipdd.shard.graph_partition's keep_owned_receivers, gather_nodes, local_receivers "
         "and sum_over_ranks in the model (see mlipdd.testing.graph_building_model; each is the "
         "identity in one process), or validate under strategy='halo' or 'sharded'",
     )

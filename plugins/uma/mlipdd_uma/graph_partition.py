@@ -1,7 +1,7 @@
 """Graph-partition mode: fairchem's eSCN-MD on a node partition, through mlipdd's helpers.
 
 Under the graph-partition strategy every rank gets the full geometry and owns one
-contiguous block of atoms (`mlipdd.shard.graph_parallel`). The adapters here make the
+contiguous block of atoms (`mlipdd.shard.graph_partition`). The adapters here make the
 backbone work on that block, the way fairchem's own all-gather graph parallelism does,
 but with mlipdd's collectives instead of fairchem's `gp_utils`:
 
@@ -24,7 +24,7 @@ mix UMA with other models) and must see each output exactly once.
 from __future__ import annotations
 
 import torch
-from mlipdd.shard.graph_parallel import (
+from mlipdd.shard.graph_partition import (
     current_partition,
     gather_nodes,
     keep_owned_receivers,

@@ -4,8 +4,9 @@ Compiled equals eager to 1e-10 in float64 (LJ and a small MACE, every awkward ce
 across neighbour-list rebuilds in MD without recompiling, with larger caps when the
 system outgrows them; a compiled path that differs from eager is caught. At 2-4 ranks an
 energy model (LJ) compiles on each rank's plain rows under halo storage, equal to the eager
-distributed run, through migration; a message-passing energy model is caught by the first
-call's check, MACE and other strategies are refused by name. Most tests use the "aot_eager" backend (the
+distributed run, through migration; a message-passing model that reads more hops than it
+declares is caught by the first call's check (message passing at several ranks:
+tests/test_compile_ranks.py); other strategies are refused by name. Most tests use the "aot_eager" backend (the
 same dynamo trace and AOT autograd graphs, no C++ build: cheap on a shared CPU); one
 runs inductor.
 """
@@ -276,11 +277,14 @@ def test_compiled_lj_md_on_ranks_follows_eager_across_migration(world_size):
         assert rebuilds >= 3 and stats["compiles"] <= 4, (rebuilds, stats)
 
 
-def _message_passing_on_ranks(rank, world_size):
+def _under_declared_on_ranks(rank, world_size):
     from mlipdd.testing.toy_models import ToyMPNN
 
+    class UnderDeclared(ToyMPNN):  # three layers read three hops; it says one
+        message_passing_layers = 1
+
     torch.set_default_dtype(torch.float64)
-    model = ToyMPNN(cutoff=4.5, layers=3, species=(8, 18))
+    model = UnderDeclared(cutoff=4.5, layers=3, species=(8, 18))
     compiled = DistributedModel(model, DomainConfig(cutoff=4.5, compile=True, compile_backend="aot_eager"))
     owned = compiled.partition(triclinic(species=(8, 18)) if rank == 0 else None)
     try:
@@ -291,26 +295,9 @@ def _message_passing_on_ranks(rank, world_size):
 
 
 @pytest.mark.mlipdd_conformance(world_sizes=(2,))
-def test_message_passing_energy_model_on_ranks_is_caught(world_size):
-    """Three layers read their neighbours' features: the plain rows cannot give them (NOTE
-    [local energies only]); the first call's eager check stops every rank."""
-    for message in run_ranks(_message_passing_on_ranks, world_size):
-        assert message is not None and "differs from the eager one" in message and "compile=False" in message, message
-
-
-def _mace_refused_on_rank(rank, world_size):
-    from mlipdd_mace.testing import random_mace
-    from mlipdd_mace.wrapper import MACEWrapper
-
-    model = MACEWrapper(random_mace(elements=(18,), r_max=4.0))
-    try:
-        DistributedModel(model, DomainConfig(cutoff=4.0, compile=True, compile_backend="aot_eager"))
-    except InputError as error:
-        return str(error)
-    return None
-
-
-def test_mace_compile_on_ranks_is_refused_by_name():
-    pytest.importorskip("mace")
-    for message in run_ranks(_mace_refused_on_rank, 2):
-        assert message is not None and "MACEWrapper" in message and "ONE rank" in message, message
+def test_message_passing_that_reads_more_hops_than_declared_is_caught(world_size):
+    """Three layers on a one-cutoff shell cannot give the owned energies (NOTE [deep ghost
+    shell]); the first call's eager check stops every rank, naming the declaration."""
+    for message in run_ranks(_under_declared_on_ranks, world_size):
+        assert message is not None and "differs from the eager one" in message, message
+        assert "compile=False" in message and "message_passing_layers" in message, message

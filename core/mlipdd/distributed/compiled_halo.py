@@ -1,6 +1,6 @@
 """`CompiledHaloCall`: ``DomainConfig(compile=True)`` at several ranks under halo storage,
-for energy models (a wrapper that implements ``atomic_energies``: LJ and other local
-potentials written like it).
+for models whose energy is a sum of per-atom energies (a wrapper that implements
+``atomic_energies``: LJ, `ToyMPNN`, and MACE through its compile hook).
 
 Why not compile the eager distributed forward: there the model's rows are ShardTensors,
 and dynamo cannot trace their dispatch (wrapping one as a graph input already runs an op
@@ -14,17 +14,38 @@ the compiled graph:
     -> energy all-reduced; ghost partial forces summed into their owners and the stress
        partials all-reduced by the strategy's consolidation, as for the eager outputs.
 
-# NOTE [local energies only]
-That equals the eager distributed forward when an owned atom's energy reads only its own
-neighbour list (a pair or many-body potential evaluated on the local list): its ghosts
-hold their owners' positions, so it sees what one process sees. A model whose energies
-read features its neighbours computed (message passing with more than one layer) needs
-the ghost rows refreshed between layers, which only the ShardTensor dispatch does. Such
-a model is caught, not silently wrong: the first call at every new set of shapes, and
-every call whose integer inputs changed (at a rebuild with migration), is also run on
-the eager distributed path and compared, on every rank, the decision agreed first; a
-difference stops every rank naming compile=False. MACE computes its forces inside its
-own forward (it is not an energy model) and is refused at several ranks by name.
+# NOTE [deep ghost shell]
+An owned atom's energy after ``L`` message-passing layers reads every atom within ``L``
+hops of it (each hop shorter than the cutoff), and reads correct features only if every
+atom within ``L - 1`` hops saw its whole neighbourhood. The eager distributed forward
+gets that by refreshing ghost rows between layers (the ShardTensor dispatch). Compiled,
+nothing is exchanged inside the forward; instead the shell is deep enough that no
+exchange is needed: ghosts reach ``L * cutoff + skin`` (every atom ``L`` hops away now
+was within that of its owned atom's subdomain at the last rebuild, each having moved at
+most ``skin / 2``), and the list the compiled call reads is built over ALL local rows,
+keeping the edges whose receiver is within ``L - 1`` hops of an owned atom in the list
+(the list reaches ``cutoff + skin``, so its hops include every hop that is shorter than
+the cutoff until the next rebuild). Rows farther out get wrong features, which no owned
+energy reads; only owned energies are summed. Exact for any model that reads at most
+``L`` hops, where ``L`` is what it declares as ``message_passing_layers`` (an energy
+model that declares nothing counts as local, one hop: a pair or many-body potential on
+its own list). The price: more ghost rows (the shell is ``L`` cutoffs deep, not one)
+and the edges among them, computed on every rank; nothing is exchanged per layer.
+
+Other ways were weighed (issue 22): a halo exchange inside the compiled graph through
+``torch.distributed._functional_collectives`` traces and differentiates on gloo
+(``all_to_all_single_autograd`` under ``aot_eager``: equal to eager), but it must be
+called where the model refreshes rows, which only the model's own code knows (every
+wrapper would be rewritten around its layers); per-layer compiled regions need the same
+surgery. The deep shell needs from the model one number.
+
+# NOTE [caught, not silently wrong]
+A model that reads more hops than it declares (or, undeclared, more than its own list) is
+caught: the first call at every new set of shapes, and every call whose integer inputs
+changed, is also run on the eager distributed path and compared, on every rank, the
+decision agreed first; a difference stops every rank naming compile=False and
+``message_passing_layers``. A wrapper with its own forward and no ``atomic_energies``
+(UMA, AIMNet2 with its Coulomb term) is refused at several ranks by name.
 """
 
 from __future__ import annotations
@@ -33,12 +54,13 @@ import torch
 import torch.distributed as dist
 
 from mlipdd.comm import agree_on_errors, any_rank, group_size
-from mlipdd.data import Batch
+from mlipdd.data import Batch, InputError
 from mlipdd.distributed.compiled import CompiledForceCall, differs_from_eager
 from mlipdd.models.base import ModelWrapper, per_system_sum, strained
+from mlipdd.neighbors import NeighborList, build_neighbor_list
 from mlipdd.shard.tensor import local
 
-__all__ = ["CompiledHaloCall", "is_energy_model"]
+__all__ = ["CompiledHaloCall", "compiled_on_ranks", "is_energy_model", "receptive_hops", "refusal_on_ranks"]
 
 OWNED = "_mlipdd_owned"  # a float node field: 1 on owned rows, 0 on ghost rows (float: not an integer input)
 
@@ -48,23 +70,79 @@ def is_energy_model(model) -> bool:
     return isinstance(model, ModelWrapper) and type(model).forward is ModelWrapper.forward
 
 
+def has_atomic_energies(model) -> bool:
+    """Whether the wrapper implements ``atomic_energies`` itself (an energy model, or a wrapper
+    with its own forward that also offers its per-atom energies as a compile hook)."""
+    return isinstance(model, ModelWrapper) and type(model).atomic_energies is not ModelWrapper.atomic_energies
+
+
+def receptive_hops(model) -> int:
+    """How many neighbour-list hops an atom's energy reads (NOTE [deep ghost shell]): the
+    wrapper's ``message_passing_layers``, else 1 (a local energy model)."""
+    declared = getattr(model, "message_passing_layers", None)
+    return 1 if declared is None else int(declared)
+
+
+def refusal_on_ranks(model, world_size: int) -> InputError | None:
+    """Why ``model`` cannot be compiled at several ranks, or None."""
+    name = type(model).__name__
+    if not has_atomic_energies(model):
+        return InputError(
+            f"DomainConfig(compile=True) on {world_size} ranks compiles models whose energy is a sum of "
+            f"per-atom energies (atomic_energies) on each rank's plain rows; {name} computes its energy "
+            "and forces in its own forward only, and its distributed rows are ShardTensors, whose "
+            "dispatch torch.compile cannot trace. Compile it at ONE rank, or leave compile=False with "
+            "several ranks (the eager distributed path)"
+        )
+    if not is_energy_model(model) and getattr(model, "message_passing_layers", None) is None:
+        return InputError(
+            f"DomainConfig(compile=True) on {world_size} ranks: {name} has its own forward and "
+            "does not declare message_passing_layers (how many neighbour hops its energies read, "
+            "which sets the ghost shell: mlipdd.distributed.compiled_halo NOTE [deep ghost shell]); "
+            "declare it on the wrapper, compile at ONE rank, or leave compile=False"
+        )
+    hops = receptive_hops(model)
+    if hops < 1:
+        return InputError(f"{name}.message_passing_layers must be a positive number of layers, got {hops}")
+    return None
+
+
+def compiled_on_ranks(model, strategy, spec, group, config, **options) -> CompiledHaloCall:
+    """The compiled call of a `DistributedModel` at several ranks, its halo deepened to the
+    model's hops (NOTE [deep ghost shell]); built before the first partition, so that the
+    rank grid is chosen for that width too. Raises `refusal_on_ranks`'s error."""
+    refusal = refusal_on_ranks(model, strategy.world_size)
+    if refusal is not None:
+        raise refusal
+    hops = receptive_hops(model)
+    if hops > 1:
+        strategy.halo.width = hops * config.cutoff + config.skin
+    return CompiledHaloCall(model, strategy, spec, group, hops=hops, **options)
+
+
 class CompiledHaloCall:
     """``call(model_batch, meta, compute_stress, eager_call) -> consolidated outputs``.
 
     ``model_batch`` is the halo strategy's batch (ShardTensor rows); ``eager_call()`` runs the
     eager distributed forward and consolidation on it (for the checks). Counters as in
-    `CompiledForceCall` (``inner``)."""
+    `CompiledForceCall` (``inner``). ``hops``: the layers an energy reads (NOTE [deep ghost
+    shell]); with more than one, the strategy's shell must have been deepened (`deepen_halo`)."""
 
-    def __init__(self, model, strategy, spec, group, reach: float, backend: str, headroom: float):
+    def __init__(self, model, strategy, spec, group, reach: float, backend: str, headroom: float, hops: int = 1):
         self.model = model
         self.strategy = strategy
         self.spec = spec
         self.group = group
+        self.hops = int(hops)
+        self.list_cutoff = float(reach)
+        self._receptive: tuple[int, NeighborList] | None = None  # (rebuild it was built at, list)
         self.inner = CompiledForceCall(self._local_call, None, reach=reach, backend=backend, headroom=headroom,
                                        check_eager=False)
 
     def __call__(self, model_batch: Batch, meta, compute_stress: bool, eager_call) -> dict:
         plain = plain_rows(model_batch, meta.n_owned)
+        if self.hops > 1:
+            plain.neighbors = self._receptive_list(plain, meta.n_owned)
         outputs = self.inner(plain, compute_stress)
         energy = outputs["energy"].clone()
         if group_size(self.group) > 1:
@@ -74,11 +152,22 @@ class CompiledHaloCall:
         result = self.strategy.consolidate(outputs, meta, self.spec, autograd_outputs)
         if any_rank(self.inner.needs_check, self.group):  # every rank runs the eager path, or none
             self.inner.checks += 1
-            agree_on_errors(differs_from_eager(result, eager_call(), self.inner.caps), self.group)
+            agree_on_errors(_named(differs_from_eager(result, eager_call(), self.inner.caps)), self.group)
         return result
 
+    def _receptive_list(self, plain: Batch, n_owned: int) -> NeighborList:
+        """The list over all rows, built at the first call after each rebuild (the rows then
+        sit where the rebuild put them, as the strategy's own list was built)."""
+        rebuild = self.strategy.rebuilds
+        if self._receptive is None or self._receptive[0] != rebuild:
+            grid = self.strategy.grid
+            cut = torch.tensor([g > 1 or self.strategy.halo.ghosts_on_uncut_axes for g in grid.dims],
+                               device=plain.positions.device)
+            self._receptive = (rebuild, receptive_neighbors(plain, n_owned, self.list_cutoff, cut, self.hops))
+        return self._receptive[1]
+
     def _local_call(self, batch: Batch, compute_stress: bool) -> dict:
-        """This rank's share (NOTE [local energies only]); plain tensors, no collective."""
+        """This rank's share (NOTE [deep ghost shell]); plain tensors, no collective."""
         positions = batch.positions
         with torch.enable_grad():
             inputs = [positions]
@@ -98,6 +187,32 @@ class CompiledHaloCall:
         if compute_stress:
             out["stress"] = grads[1] / torch.linalg.det(batch.cell).abs().view(-1, 1, 1)
         return out
+
+
+def _named(error: RuntimeError | None) -> RuntimeError | None:
+    if error is None:
+        return None
+    return RuntimeError(f"{error} (at several ranks a model whose energies read more neighbour hops than its "
+                        "message_passing_layers says: NOTE [deep ghost shell] in mlipdd.distributed.compiled_halo)")
+
+
+def receptive_neighbors(plain: Batch, n_owned: int, cutoff: float, cut_axes: torch.Tensor, hops: int) -> NeighborList:
+    """Edges over all ``[owned | ghost]`` rows whose receiver is within ``hops - 1`` hops of
+    an owned row (NOTE [deep ghost shell]); open along the cut axes (ghosts stand in for
+    the neighbours there), periodic along the others, as the strategy's own list."""
+    positions = plain.positions.detach()
+    wrap = plain.pbc & ~cut_axes
+    view = Batch._from_dicts(
+        {"positions": positions, "batch": plain.batch, "atom_ids": torch.arange(positions.shape[0])},
+        {"cell": torch.where(wrap[..., None], plain.cell.detach(), torch.zeros_like(plain.cell)), "pbc": wrap},
+    )
+    neighbors = build_neighbor_list(view, cutoff)
+    needed = torch.zeros(positions.shape[0], dtype=torch.bool, device=positions.device)
+    needed[:n_owned] = True
+    for _ in range(hops - 1):  # a receiver's senders are one hop farther out
+        needed[neighbors.senders[needed[neighbors.receivers]]] = True
+    kept = neighbors.select(needed[neighbors.receivers])
+    return NeighborList(kept.edge_index, kept.unit_shifts, cutoff, kept.full_list)
 
 
 def plain_rows(model_batch: Batch, n_owned: int) -> Batch:

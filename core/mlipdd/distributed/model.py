@@ -21,7 +21,7 @@ from mlipdd.comm import (
 )
 from mlipdd.data import Batch, InputError, check_not_empty
 from mlipdd.distributed.compiled import CompiledForceCall
-from mlipdd.distributed.compiled_halo import CompiledHaloCall, is_energy_model
+from mlipdd.distributed.compiled_halo import CompiledHaloCall, compiled_on_ranks
 from mlipdd.distributed.config import DomainConfig, resolve_strategy
 from mlipdd.distributed.cuda_graph import TRIM_MARGIN, GraphedForceCall, edges_within
 from mlipdd.plugins import get_strategy
@@ -108,15 +108,7 @@ class DistributedModel(nn.Module):
 
             self._compiled = CompiledForceCall(model_call, model_call, **options)
             return
-        if not is_energy_model(model):
-            raise InputError(
-                f"DomainConfig(compile=True) on {self.strategy.world_size} ranks compiles energy models "
-                f"(a wrapper with atomic_energies, such as LJ) on each rank's plain rows; {type(model).__name__} "
-                "computes its forces in its own forward, and its distributed rows are ShardTensors, whose "
-                "dispatch torch.compile cannot trace yet. Compile it at ONE rank, or leave compile=False "
-                "with several ranks (the eager distributed path)"
-            )
-        self._compiled_halo = CompiledHaloCall(model, self.strategy, self.spec, self.group, **options)
+        self._compiled_halo = compiled_on_ranks(model, self.strategy, self.spec, self.group, config, **options)
         self._compiled = self._compiled_halo.inner  # its counters
 
     @property

@@ -19,7 +19,7 @@ from mlipdd.shard import ShardTensor
 from mlipdd_mace.chunked import chunked_blocks, estimate_memory
 from mlipdd_mace.cueq import distributed_kernels, tensor_product_path, to_cueq, uses_cuequivariance
 from mlipdd_mace.empty_rows import empty_rows_guard
-from mlipdd_mace.graph import mace_inputs, one_hot_elements
+from mlipdd_mace.graph import cartesian_shifts, mace_inputs, one_hot_elements
 from mlipdd_mace.versions import require_mace
 
 
@@ -248,6 +248,32 @@ class MACEWrapper(ModelWrapper):
         if compute_stress:
             result["stress"] = out["stress"]
         return result
+
+    # ---- compile hooks (DomainConfig(compile=True) at several ranks) --------------------
+    @property
+    def message_passing_layers(self) -> int:
+        """Neighbour hops an atom's energy reads: one per interaction block (the ghost shell
+        of a compiled run at several ranks, NOTE [deep ghost shell] in
+        mlipdd.distributed.compiled_halo)."""
+        return int(self.model.num_interactions)
+
+    def atomic_energies(self, batch: Batch, positions: torch.Tensor, cell: torch.Tensor) -> torch.Tensor:
+        """mace's per-atom energies (``node_energy``) at ``positions`` and ``cell`` (strained
+        ones for the stress), still attached to them: the compiled path at several ranks
+        sums the owned atoms' ones and differentiates itself (`forward` lets mace sum them
+        all). Plain rows only; the eager paths never call it."""
+        # the inputs of ``batch`` itself (a view would lose the padded batch's fixed atom
+        # counts, whose bincount breaks the graph), at the given positions and cell; no input
+        # cache: it may hold the eager distributed call's ShardTensors, which dynamo cannot
+        # take as graph inputs
+        data = mace_inputs(batch, model_elements=self.model.atomic_numbers, cutoff=self.cutoff, dtype=self.dtype,
+                           head=self.head_index, cache=None)
+        cell = cell.to(self.dtype)
+        data.update(positions=positions.to(self.dtype), cell=cell,
+                    shifts=cartesian_shifts(data["unit_shifts"], cell, batch.batch[data["edge_index"][0]]))
+        with torch.enable_grad():
+            out = self.model(data, training=False, compute_force=False, compute_stress=False)
+        return out["node_energy"].to(self.dtype)
 
     def atomic_reference_energies(self, atomic_numbers: torch.Tensor) -> torch.Tensor:
         """Each atom's isolated-atom energy E0 (eV) for this head, the part of ``energies``

@@ -1,0 +1,145 @@
+"""DomainConfig(compile=True) for message-passing models at 2-4 ranks under halo storage.
+
+Each rank compiles its plain ``[owned | ghost]`` rows with a ghost shell as deep as the
+model's layers (NOTE [deep ghost shell] in mlipdd.distributed.compiled_halo): no exchange
+inside the compiled forward. Compared with the eager distributed run of the same model
+(which equals one process: tests/test_halo_conformance.py) on one batch of three awkward
+systems (triclinic periodic, a cell smaller than the shell, a slab with vacuum), then
+along an MD path with rebuilds and migration. The "aot_eager" backend (dynamo's trace
+and AOT autograd's graphs without code generation): the inductor build is paid once in
+tests/test_compile.py.
+"""
+
+import pytest
+import torch
+from mlipdd.data import Batch, InputError
+from mlipdd.distributed import DistributedModel, DomainConfig
+from mlipdd.models.base import ModelWrapper
+from mlipdd.models.lj import LennardJones
+from mlipdd.testing import run_ranks
+from mlipdd.testing.systems import slab, small_cell, triclinic
+
+KEYS = ("energy", "energies", "forces", "stress")
+
+
+def awkward_systems(species) -> Batch:
+    """Three systems in one batch (one compile covers them): triclinic, a cell smaller than
+    a two-layer shell (every rank sees its own images, many times), a slab with vacuum."""
+    parts = [triclinic(species, reps=4), small_cell(species), slab(species, reps=(4, 4, 2))]
+    return Batch.from_data_list([data for part in parts for data in part.to_data_list()])
+
+
+def _worst(worst: dict, a: dict, b: dict) -> None:
+    for key in KEYS:
+        if key in a and a[key].numel():  # a rank may own no atom of a system
+            assert b[key].shape == a[key].shape, key
+            scale = max(float(a[key].abs().max()), 1e-300)
+            worst[key] = max(worst.get(key, 0.0), float((a[key] - b[key]).abs().max()) / scale)
+
+
+def _models(model, cutoff, skin=0.3):
+    eager = DistributedModel(model, DomainConfig(cutoff=cutoff, skin=skin, strategy="halo"))
+    compiled = DistributedModel(model, DomainConfig(cutoff=cutoff, skin=skin, compile=True,
+                                                    compile_backend="aot_eager"))
+    return eager, compiled
+
+
+def _md_on_ranks(rank, world_size, steps):
+    """Stress calls, then ``steps`` MD steps (velocities ride in the batch, so they migrate
+    with their atoms); per rank: worst relative difference, compile stats, rebuilds and
+    how many atoms changed owner."""
+    from mlipdd.testing.toy_models import ToyMPNN
+
+    torch.set_default_dtype(torch.float64)
+    model = ToyMPNN(cutoff=4.5, features=8, layers=2, species=(18, 36))
+    eager, compiled = _models(model, 4.5)
+    system = awkward_systems((18, 36)) if rank == 0 else None
+    owned, mirror = eager.partition(system), compiled.partition(system)
+    worst: dict = {}
+    for _ in range(2):
+        _worst(worst, eager(owned, compute_stress=True), compiled(mirror, compute_stress=True))
+    generator = torch.Generator().manual_seed(rank)
+    owned.node["velocities"] = 0.2 * torch.randn(owned.positions.shape, generator=generator, dtype=torch.float64)
+    mirror.node["velocities"] = owned.node["velocities"].clone()
+    moved, ids = 0, set(owned.atom_ids.tolist())
+    for _ in range(steps):
+        a, b = eager(owned), compiled(mirror)
+        assert torch.equal(owned.atom_ids, mirror.atom_ids)
+        _worst(worst, a, b)
+        for batch in (owned, mirror):  # both follow the eager forces: the same geometry
+            batch.node["velocities"] = batch.node["velocities"] + 0.1 * a["forces"].clamp(-1.0, 1.0)
+            batch.node["positions"] = batch.positions + 0.5 * batch.node["velocities"]
+        now = set(owned.atom_ids.tolist())
+        moved, ids = moved + len(now ^ ids), now
+    return worst, compiled.compile_stats, eager.strategy.rebuilds, moved
+
+
+@pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
+def test_compiled_message_passing_on_ranks_equals_eager_through_migration(world_size):
+    """A two-layer MPNN: equal to the eager distributed run to 1e-10, with and without
+    stress, along an MD path whose rebuilds move atoms between ranks; one compile per
+    stress flag, at most two more (caps with headroom)."""
+    results = run_ranks(_md_on_ranks, world_size, 25)
+    for worst, stats, rebuilds, _ in results:
+        assert set(worst) == set(KEYS) and all(value <= 1e-10 for value in worst.values()), worst
+        assert rebuilds >= 3 and stats["compiles"] <= 4, (rebuilds, stats)
+    assert sum(moved for *_, moved in results) > 0, "no atom migrated: the test lost its point"
+
+
+def _mace_on_ranks(rank, world_size):
+    from mlipdd_mace.testing import random_mace
+    from mlipdd_mace.wrapper import MACEWrapper
+
+    torch.set_default_dtype(torch.float64)
+    model = MACEWrapper(random_mace(elements=(18, 36), r_max=4.0, channels=8, max_ell=1, correlation=2))
+    eager, compiled = _models(model, 4.0)
+    system = triclinic(species=(18, 36), reps=4) if rank == 0 else None
+    owned, mirror = eager.partition(system), compiled.partition(system)
+    worst: dict = {}
+    _worst(worst, eager(owned, compute_stress=True), compiled(mirror, compute_stress=True))
+    return worst, model.message_passing_layers, compiled.compile_stats
+
+
+@pytest.mark.mlipdd_conformance(world_sizes=(2,))
+def test_compiled_mace_on_ranks_equals_eager(world_size):
+    """MACE e3nn (two interaction blocks: a two-cutoff shell) through its compile hook
+    (per-atom energies, the core differentiates the owned ones)."""
+    pytest.importorskip("mace")
+    for worst, layers, stats in run_ranks(_mace_on_ranks, world_size):
+        assert layers == 2 and stats["compiles"] == 1, (layers, stats)
+        assert set(worst) == set(KEYS) and all(value <= 1e-10 for value in worst.values()), worst
+
+
+class _ForwardOnly(LennardJones):
+    """A wrapper with its own forward and no per-atom energies (as UMA's)."""
+
+    atomic_energies = ModelWrapper.atomic_energies  # the base class's: not implemented
+
+    def forward(self, batch, compute_stress=False):
+        raise AssertionError("never called: refused before")
+
+
+class _Undeclared(LennardJones):
+    """Its own forward and per-atom energies, but no word on how many hops they read."""
+
+    def forward(self, batch, compute_stress=False):
+        return super().forward(batch, compute_stress)
+
+
+def _refusals_on_ranks(rank, world_size):
+    messages = []
+    for cls in (_ForwardOnly, _Undeclared):
+        try:
+            DistributedModel(cls(epsilon=0.0104, sigma=3.4, cutoff=6.0),
+                             DomainConfig(cutoff=6.0, compile=True, compile_backend="aot_eager"))
+        except InputError as error:
+            messages.append(str(error))
+    return messages
+
+
+@pytest.mark.mlipdd_conformance(world_sizes=(2,))
+def test_what_cannot_compile_on_ranks_is_refused_by_name(world_size):
+    for forward_only, undeclared in run_ranks(_refusals_on_ranks, world_size):
+        assert "_ForwardOnly" in forward_only and "atomic_energies" in forward_only, forward_only
+        assert "ONE rank" in forward_only, forward_only
+        assert "_Undeclared" in undeclared and "message_passing_layers" in undeclared, undeclared

@@ -27,6 +27,7 @@ from mlipdd.distributed.cuda_graph import TRIM_MARGIN, GraphedForceCall, edges_w
 from mlipdd.plugins import get_strategy
 from mlipdd.shard.custom_ops import activated
 from mlipdd.spec.patching import installed
+from mlipdd.strategy.aten_halo import strategy_for_dispatch
 
 
 def resolve_spec(model, strategy: str, spec=None):
@@ -66,6 +67,7 @@ class DistributedModel(nn.Module):
         self.config = config
         self.group = group
         strategy_cls = get_strategy(config.strategy_name)
+        strategy_cls = strategy_for_dispatch(strategy_cls, config)  # issue 21: the aten dispatch
         self.spec = resolve_spec(model, config.strategy, spec)
         policy = self.spec.distribution.policy
         if not strategy_cls.accepts(policy):

@@ -1,0 +1,68 @@
+"""The collectives the aten rules issue, on plain local tensors (below autograd).
+
+A rule runs inside ``__torch_dispatch__``, under autograd: autograd records the aten op
+itself and differentiates it with its own formula, whose ops come back through the same
+rules (the gradient of a GHOSTED read is a SHARES scatter, NOTE [aten gradients] in
+`mlipdd.shard.aten.tensor`). So a rule only needs the forward half of each exchange:
+the halo sends of `mlipdd.shard.exchange` and an all_reduce.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from mlipdd.comm import group_size
+from mlipdd.shard.exchange import _send_forward, _send_reverse
+
+
+def _rows_first(fn, local: torch.Tensor, dim: int, *args) -> torch.Tensor:
+    if dim == 0:
+        return fn(local, *args)
+    return fn(local.movedim(dim, 0), *args).movedim(0, dim)
+
+
+def _accumulate(local, plan):
+    owned = local[: plan.n_owned]
+    owned = owned + _send_reverse(local[plan.n_owned :], plan, owned)
+    return torch.cat([owned, torch.zeros_like(local[plan.n_owned :])])
+
+
+def _fill(local, plan):
+    owned = local[: plan.n_owned]
+    return torch.cat([owned, _send_forward(owned, plan)])
+
+
+def _zero_ghosts(local, plan):
+    return torch.cat([local[: plan.n_owned], torch.zeros_like(local[plan.n_owned :])])
+
+
+def accumulate(local: torch.Tensor, dim: int, plan) -> torch.Tensor:
+    """SHARES -> owned rows complete, ghost rows zero (valid as OWNED and as SHARES)."""
+    return _rows_first(_accumulate, local, dim, plan)
+
+
+def fill(local: torch.Tensor, dim: int, plan) -> torch.Tensor:
+    """OWNED -> GHOSTED: every ghost row becomes its owner's row."""
+    return _rows_first(_fill, local, dim, plan)
+
+
+def zero_ghosts(local: torch.Tensor, dim: int, plan) -> torch.Tensor:
+    """GHOSTED/OWNED -> SHARES: the ghost rows' share is nothing."""
+    return _rows_first(_zero_ghosts, local, dim, plan)
+
+
+def all_reduce(local: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    out = local.clone()
+    if group_size(group) > 1:
+        dist.all_reduce(out, op=op, group=group)
+    return out
+
+
+def global_count(n: int, group) -> int:
+    """A count summed over ranks (a host value: one small all_reduce)."""
+    if group_size(group) == 1:
+        return int(n)
+    t = torch.tensor([int(n)], dtype=torch.long)
+    dist.all_reduce(t, group=group)
+    return int(t)

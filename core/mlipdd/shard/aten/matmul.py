@@ -1,0 +1,107 @@
+"""Matrix products: over features row-local, over the rows a sum (local + all_reduce).
+
+``h @ W`` keeps h's rows; ``x.t() @ y`` contracts the rows of both (a covariance, a
+parameter's gradient ``rbf.t() @ grad``): the rows that count once, summed, all-reduced.
+``einsum`` and ``matmul`` reach the dispatch as these ops after torch's decomposition.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mlipdd.shard.aten import comm
+from mlipdd.shard.aten.placement import GHOSTED, OWNED, REPLICATE, SHARES, Rows
+from mlipdd.shard.aten.rules import as_ghosted, as_owned, finish, refuse, rows_of, rule, valid_rows
+from mlipdd.shard.aten.tensor import unwrap
+
+aten = torch.ops.aten
+
+
+def _factor_local(x):
+    """One operand of a product with another row-aligned operand: as is, if it is the only
+    shares; else every row's value."""
+    return x._local if x._place.kind in (GHOSTED,) or not x._place.is_atoms() else as_ghosted(x)
+
+
+def _contract_rows(func, a, b, args, kwargs):
+    """Both operands hold the same rows along the contracted dim: sum over them."""
+    pa, pb = a._place, b._place
+    if pa.is_atoms() != pb.is_atoms():
+        refuse(func, args, kwargs, "it contracts atom rows with edge rows")
+    ctx = a._ctx
+    if pa.is_atoms():
+        if pa.kind == SHARES and pb.kind == GHOSTED:
+            la, lb = a._local, b._local
+        elif pb.kind == SHARES and pa.kind == GHOSTED:
+            la, lb = a._local, b._local
+        else:
+            la = valid_rows(as_owned(a), pa.as_kind(OWNED), ctx)
+            lb = valid_rows(as_owned(b), pb.as_kind(OWNED), ctx)
+    else:
+        la, lb = a._local, b._local
+    return finish(func, args, comm.all_reduce(func(la, lb), ctx.group), REPLICATE, ctx)
+
+
+@rule(aten.mm.default)
+def mm(func, args, kwargs):
+    a, b = args[0], args[1]
+    pa, pb = rows_of(a), rows_of(b)
+    if pa and pb:
+        if pa.dim == 1 and pb.dim == 0:
+            return _contract_rows(func, a, b, args, kwargs)
+        refuse(func, args, kwargs, "both factors hold rows, not along the contracted dimension")
+    if pa and pa.dim == 0 and pa.group == 1:
+        return finish(func, args, func(_one_factor(a), unwrap(b)), _row_place(pa), a._ctx)
+    if pb and pb.dim == 1 and pb.group == 1:
+        return finish(func, args, func(unwrap(a), _one_factor(b)), Rows(1, _kind(pb)), b._ctx)
+    refuse(func, args, kwargs, "a matrix product over the rows of one factor only (a replicated factor would be "
+           "indexed by this rank's rows)")
+
+
+def _one_factor(x):
+    return x._local  # linear in x: shares stay shares, ghosts stay copies
+
+
+def _kind(p):
+    return p.kind
+
+
+def _row_place(p):
+    return Rows(0, p.kind)
+
+
+@rule(aten.addmm.default)
+def addmm(func, args, kwargs):
+    bias, a, b = args[0], args[1], args[2]
+    pa = rows_of(a)
+    if pa and pa.dim == 0 and not rows_of(b) and not rows_of(bias) and pa.kind != SHARES:
+        return finish(func, args, func(unwrap(bias), a._local, unwrap(b), **kwargs), Rows(0, pa.kind), a._ctx)
+    if pa and pa.kind == SHARES and not rows_of(b) and not rows_of(bias):
+        return finish(func, args, func(unwrap(bias), as_owned(a), unwrap(b), **kwargs), Rows(0, OWNED), a._ctx)
+    refuse(func, args, kwargs, "a biased product whose rows are not the first factor's")
+
+
+@rule(aten.bmm.default)
+def bmm(func, args, kwargs):
+    a, b = args[0], args[1]
+    pa, pb = rows_of(a), rows_of(b)
+    if pa and pb and pa.dim == 0 and pb.dim == 0:  # one small product per row
+        if pa.is_atoms() != pb.is_atoms():
+            refuse(func, args, kwargs, "it multiplies atom rows with edge rows")
+        if pa.kind == SHARES and pb.kind == SHARES:
+            la, lb, kind = as_owned(a), as_owned(b), OWNED
+        elif SHARES in (pa.kind, pb.kind):
+            la = a._local if pa.kind == SHARES else as_ghosted(a)
+            lb = b._local if pb.kind == SHARES else as_ghosted(b)
+            kind = SHARES
+        else:
+            la, lb = a._local, b._local
+            kind = OWNED if OWNED in (pa.kind, pb.kind) else pa.kind
+        return finish(func, args, func(la, lb), Rows(0, kind), a._ctx)
+    if pa and pb and pa.dim == 2 and pb.dim == 1:
+        return _contract_rows(func, a, b, args, kwargs)
+    if pa and not pb and pa.dim == 1:
+        return finish(func, args, func(a._local, unwrap(b)), pa, a._ctx)
+    if pb and not pa and pb.dim == 2:
+        return finish(func, args, func(unwrap(a), b._local), pb, b._ctx)
+    refuse(func, args, kwargs, "a batched product whose batch is not the rows of both factors")

@@ -1,0 +1,128 @@
+"""Reductions: over other dims row-local; over the rows a local sum + all_reduce.
+
+# NOTE [aten reductions]
+At the aten level a sum over the rows has one spelling (``aten.sum.dim_IntList``,
+``aten.sum.default``), however the model wrote it: ``x.sum(0)``, ``x.t().sum(1)``,
+``x.flatten().sum()``, ``torch.einsum("ni->i", x)``. The rule sums the rows that count
+each atom or edge once (`valid_rows`), making a `Partial`, and all-reduces it at once
+into `Replicate`. Its gradient is an ``expand`` of a replicated value, uniform over
+the rows, which every rule reads as rows (NOTE [aten gradients]).
+
+Means, variances and the like over the rows are refused: their autograd formulas divide
+by the LOCAL element count (``self.sym_numel()`` of the wrapper, which holds this rank's
+rows), a wrong gradient no rule below autograd can correct. The fix is spelled out:
+a sum divided by a count that is itself a sum over the rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from mlipdd.shard.aten import comm
+from mlipdd.shard.aten.placement import REPLICATE, SHARES, Rows
+from mlipdd.shard.aten.rules import as_owned, finish, refuse, rule, run_local, valid_rows
+from mlipdd.shard.aten.tensor import ShardTensor
+
+aten = torch.ops.aten
+
+
+def _dims(x, dims):
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(x.dim()))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted({d % max(x.dim(), 1) for d in dims})
+
+
+def _kept(p: Rows, dims, keepdim: bool) -> Rows:
+    return p if keepdim else p.moved(p.dim - sum(1 for d in dims if d < p.dim))
+
+
+def _over_rows(func, args, kwargs, local, op):
+    x = args[0]
+    part = op(local)
+    reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[_KIND[func.overloadpacket]]
+    return finish(func, args, comm.all_reduce(part, x._ctx.group, reduce_op), REPLICATE, x._ctx)
+
+
+_KIND = {aten.sum: "sum", aten.amax: "max", aten.amin: "min", aten.linalg_vector_norm: "sum"}
+
+
+@rule(aten.sum.dim_IntList, aten.sum.default, aten.amax.default, aten.amin.default)
+def sum_like(func, args, kwargs):
+    x = args[0]
+    p = x._place
+    dims = _dims(x, args[1] if len(args) > 1 else kwargs.get("dim"))
+    keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    if p.dim not in dims:
+        local = x._local
+        if p.kind == SHARES and func.overloadpacket is not aten.sum:  # max of shares is not a share
+            local = as_owned(x)
+            p = p.as_kind("atoms-owned")
+        out = func(local, *args[1:], **kwargs)
+        return finish(func, args, out, _kept(p, dims, keepdim), x._ctx)
+    local = x._local if func.overloadpacket is aten.sum else as_owned(x)
+    rows = valid_rows(local, p if func.overloadpacket is aten.sum else p.as_kind("atoms-owned") if p.is_atoms() else p,
+                      x._ctx)
+    return _over_rows(func, args, kwargs, rows, lambda r: func(r, *args[1:], **kwargs))
+
+
+@rule(aten.linalg_vector_norm.default)
+def vector_norm(func, args, kwargs):
+    x = args[0]
+    p = x._place
+    ord_ = args[1] if len(args) > 1 else kwargs.get("ord", 2)
+    dims = _dims(x, args[2] if len(args) > 2 else kwargs.get("dim"))
+    keepdim = args[3] if len(args) > 3 else kwargs.get("keepdim", False)
+    if p.dim not in dims:
+        local = as_owned(x) if p.kind == SHARES else x._local
+        kind = "atoms-owned" if p.kind == SHARES else p.kind
+        return finish(func, args, run_local(func, (local, *args[1:]), kwargs), _kept(p.as_kind(kind), dims, keepdim), x._ctx)
+    if ord_ != 2:
+        refuse(func, args, kwargs, f"a norm of order {ord_} over the rows", "use the 2-norm, or a sum over the rows")
+    rows = valid_rows(as_owned(x), p.as_kind("atoms-owned") if p.is_atoms() else p, x._ctx)
+    squares = (rows * rows.conj()).real.sum(dim=dims, keepdim=keepdim)
+    total = comm.all_reduce(squares, x._ctx.group)
+    return finish(func, args, total.sqrt().to(x.dtype), REPLICATE, x._ctx)
+
+
+@rule(aten.mean.dim, aten.mean.default, aten.var.correction, aten.std.correction, aten.var_mean.correction,
+      aten.std_mean.correction, aten.prod.dim_int, aten.prod.default, aten.cumsum.default, aten.cumprod.default,
+      aten.logsumexp.default, aten._softmax.default, aten._log_softmax.default, aten.argmax.default,
+      aten.argmin.default, aten.max.dim, aten.min.dim, aten.median.dim, aten.any.dim, aten.all.dim,
+      aten.any.default, aten.all.default, aten.count_nonzero.dim_IntList, aten.nansum.default,
+      aten._softmax_backward_data.default, aten._log_softmax_backward_data.default, aten.max.default,
+      aten.min.default)
+def other_reduction(func, args, kwargs):
+    """Row-local along the other dims; refused over the rows (NOTE [aten reductions])."""
+    x = args[0]
+    p = x._place
+    name = func.overloadpacket.__name__
+    if len(args) > 1 and not isinstance(args[1], bool) and args[1] is not None:
+        dims = _dims(x, args[1])
+    elif "dim" in kwargs and kwargs["dim"] is not None:
+        dims = _dims(x, kwargs["dim"])
+    else:
+        dims = list(range(x.dim()))
+    if name.startswith("_softmax_backward") or name.startswith("_log_softmax_backward"):
+        dims = [args[2] % x.dim()]
+    if p.dim in dims:
+        hint = {"mean": "x.sum(dim) / count, with count a sum over the rows too (torch.ones_like(x).sum(dim)); "
+                        "never x.shape"}.get(name, "write it from sums over the rows (x.sum(0)) and row-local math")
+        refuse(func, args, kwargs, f"`{name}` over the row dimension: its gradient (or value) needs the rows of "
+               "every rank, which autograd's formula does not know", hint)
+    local = as_owned(x) if p.kind == SHARES else x._local
+    kind = "atoms-owned" if p.kind == SHARES else p.kind
+    out = run_local(func, (local, *args[1:]), kwargs)
+    keepdim = kwargs.get("keepdim", False) or (len(args) > 2 and args[2] is True)
+    if name.startswith("_softmax") or name.startswith("_log_softmax") or name in ("cumsum", "cumprod"):
+        place = p.as_kind(kind)
+    else:
+        place = _kept(p.as_kind(kind), dims, keepdim)
+    place = place.plain_values() if isinstance(place, Rows) else place
+    if isinstance(out, (tuple, list)):
+        if name in ("max", "min", "median") and len(out) == 2:  # values and indices of the other dims
+            return type(out)(ShardTensor(o, place, x._ctx, name) for o in out)
+        return type(out)(ShardTensor(o, place, x._ctx, name) for o in out)
+    return finish(func, args, out, place, x._ctx)

@@ -1,0 +1,470 @@
+"""The dispatch of the aten-level ShardTensor: one lookup, rules by aten op.
+
+# NOTE [aten precedence]
+`dispatch` looks a rule up in this order, and nowhere else:
+
+1. no argument holds distributed rows (only replicated ShardTensors and plain
+   tensors): the op runs on the local tensors, its tensors are replicated;
+2. a rule registered for the exact overload (``aten.sum.dim_IntList``), then for
+   the op (``aten.sum``), by `rule` below and in `mlipdd.shard.aten.index_rules`;
+3. an op of the row-local table (`mlipdd.shard.aten.row_local`), or one the user
+   declared row-local: the row-local rule;
+4. anything else: refused (NOTE [refuse by default]).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch.utils._pytree import tree_flatten, tree_map
+
+from mlipdd.shard.aten import comm
+from mlipdd.shard.aten.placement import EDGES, GHOSTED, OWNED, REPLICATE, SHARES, Replicate, Rows
+from mlipdd.shard.aten.row_local import COPIES, LINEAR, is_row_local
+from mlipdd.shard.aten.tensor import AtenRefusal, ShardTensor, unwrap
+
+aten = torch.ops.aten
+RULES: dict = {}
+
+
+def rule(*ops):
+    def register(fn):
+        for op in ops:
+            RULES[op] = fn
+        return fn
+
+    return register
+
+
+def op_name(func) -> str:
+    return str(func).replace("aten.", "aten::", 1) if str(func).startswith("aten.") else str(func)
+
+
+# ---- helpers -----------------------------------------------------------------------------
+def shards(args, kwargs):
+    flat, _ = tree_flatten((args, kwargs))
+    return [a for a in flat if isinstance(a, ShardTensor)]
+
+
+def rows_of(x):
+    """``x``'s placement when it holds distributed rows, else None."""
+    if isinstance(x, ShardTensor) and isinstance(x._place, Rows):
+        return x._place
+    return None
+
+
+def is_inplace(func) -> bool:
+    name = func.overloadpacket.__name__
+    return name.endswith("_") and not name.endswith("__")
+
+
+def refuse(func, args, kwargs, why: str, fix: str = ""):
+    tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+    described = []
+    for t in tensors[:4]:
+        if isinstance(t, ShardTensor):
+            described.append(f"{t._place} {tuple(t.shape)} from `{t._origin}`")
+        else:
+            described.append(f"plain {tuple(t.shape)}")
+    fix = fix or ("rewrite the step with ops that have a rule (index_select / index_add / scatter_add "
+                  "by the edge index, sums over the rows, row-local math), or, if the op truly acts on "
+                  "each row alone, declare it: mlipdd.shard.aten.declare_row_local"
+                  f"('{op_name(func.overloadpacket)}')")
+    raise AtenRefusal(
+        f"mlipdd aten dispatch refuses `{op_name(func)}` on distributed rows: {why}. "
+        f"Arguments: {'; '.join(described)}. Fix: {fix}."
+    )
+
+
+def ctx_of(args, kwargs):
+    for s in shards(args, kwargs):
+        return s._ctx
+    return None
+
+
+def wrap_out(out, place, ctx, origin):
+    """Wrap every tensor of ``out`` with ``place`` (one placement, or a list per element)."""
+    if isinstance(out, torch.Tensor):
+        return ShardTensor(out, place, ctx, origin)
+    if isinstance(out, (tuple, list)):
+        places = place if isinstance(place, list) else [place] * len(out)
+        return type(out)(wrap_out(o, p, ctx, origin) for o, p in zip(out, places))
+    return out
+
+
+def finish(func, args, out_local, place, ctx):
+    """The op's result: in place, the first argument with its new placement and local."""
+    origin = op_name(func.overloadpacket)
+    if is_inplace(func) and isinstance(args[0], ShardTensor):
+        args[0]._place = place
+        args[0]._origin = origin
+        return args[0]
+    return wrap_out(out_local, place, ctx, origin)
+
+
+def run_local(func, args, kwargs):
+    return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+
+
+# ---- the representation changes (each a halo exchange or a copy) --------------------------
+def as_ghosted(x: ShardTensor) -> torch.Tensor:
+    """x's local rows with every ghost row its owner's value."""
+    p = x._place
+    local = x._local
+    if p.kind == GHOSTED:
+        return local
+    if p.kind == SHARES:
+        local = comm.accumulate(local, p.dim, x._ctx.plan)
+    return comm.fill(local, p.dim, x._ctx.plan)
+
+
+def as_owned(x: ShardTensor) -> torch.Tensor:
+    p = x._place
+    if p.kind == SHARES:
+        return comm.accumulate(x._local, p.dim, x._ctx.plan)
+    return x._local
+
+
+def as_shares(x: ShardTensor) -> torch.Tensor:
+    p = x._place
+    if p.kind == SHARES:
+        return x._local
+    return comm.zero_ghosts(x._local, p.dim, x._ctx.plan)
+
+
+def valid_rows(local: torch.Tensor, place: Rows, ctx) -> torch.Tensor:
+    """The local rows that count each row of the global tensor once: owned rows of a
+    GHOSTED / OWNED tensor, every row of SHARES and of edge rows."""
+    if place.kind in (GHOSTED, OWNED):
+        return local.narrow(place.dim, 0, ctx.n_owned * place.group)
+    return local
+
+
+def uniform_along(t, dim: int) -> bool:
+    """A replicated/plain operand that cannot differ between rows along ``dim``: absent,
+    size 1, or expanded (stride 0) there."""
+    return dim < 0 or t.shape[dim] == 1 or t.stride(dim) == 0
+
+
+# ---- dispatch ---------------------------------------------------------------------------
+def dispatch(func, args, kwargs):
+    """NOTE [aten precedence]."""
+    if not any(rows_of(s) for s in shards(args, kwargs)):
+        return _replicated(func, args, kwargs)
+    fn = RULES.get(func) or RULES.get(func.overloadpacket)
+    if fn is not None:
+        return fn(func, args, kwargs)
+    if is_row_local(func):
+        return row_local(func, args, kwargs)
+    return refuse(func, args, kwargs, "no rule for this op")
+
+
+def _replicated(func, args, kwargs):
+    ctx = ctx_of(args, kwargs)
+    out = run_local(func, args, kwargs)
+    if is_inplace(func) and isinstance(args[0], ShardTensor):
+        return args[0]
+    if isinstance(out, torch.Tensor) or (isinstance(out, (tuple, list)) and any(isinstance(o, torch.Tensor) for o in out)):
+        return wrap_out(out, REPLICATE, ctx, op_name(func.overloadpacket))
+    return out
+
+
+# ---- row-local ops ----------------------------------------------------------------------
+def row_local(func, args, kwargs):
+    """Operands aligned on one row dimension (broadcast like torch), one kind of rows;
+    shares summed first unless the op is linear in them."""
+    tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+    ndim = max(t.dim() for t in tensors)
+    rows = [t for t in tensors if rows_of(t)]
+    ctx = rows[0]._ctx
+    first = rows[0]._place
+    out_dim = first.dim + ndim - rows[0].dim()
+    for t in rows:
+        p = t._place
+        if p.dim + ndim - t.dim() != out_dim or p.group != first.group:
+            refuse(func, args, kwargs, "its operands hold rows along different dimensions",
+                   "move the rows to the same dimension (transpose / unsqueeze) before combining")
+        if p.is_atoms() != first.is_atoms():
+            refuse(func, args, kwargs, "it combines atom rows with edge rows",
+                   "read the atom rows for each edge first (x.index_select(0, sender))")
+    for t in tensors:
+        if not rows_of(t) and not uniform_along(t, out_dim - (ndim - t.dim())):
+            refuse(func, args, kwargs, "a replicated or plain operand has one value per row: its rows are not "
+                   "distributed, so they cannot be this rank's rows",
+                   "build it from the distributed tensors (torch.zeros_like(x), x[sender], ...), not from "
+                   "a size (torch.arange(x.shape[0]))")
+    kinds = {t._place.kind for t in rows}
+    if not first.is_atoms():
+        kind, convert = EDGES, None
+    elif SHARES in kinds and _linear_in_shares(func, args, tensors, rows):
+        kind = SHARES
+        convert = as_shares if func.overloadpacket.__name__.rstrip("_") in ("add", "sub", "rsub") else _factor
+    else:
+        kind = OWNED if kinds & {OWNED, SHARES} else GHOSTED
+        convert = as_owned
+    if convert is not None:
+        if is_inplace(func) and isinstance(args[0], ShardTensor) and rows_of(args[0]):
+            fresh = convert(args[0])
+            if fresh is not args[0]._local:
+                args[0]._local.copy_(fresh)
+        args = tree_map(lambda a: _Converted(convert(a)) if rows_of(a) and not (is_inplace(func) and a is args[0])
+                        else a, args)
+        kwargs = tree_map(lambda a: _Converted(convert(a)) if rows_of(a) else a, kwargs)
+    out = run_local(func, tree_map(_plain, args), tree_map(_plain, kwargs))
+    values = first.values if func.overloadpacket in COPIES else None
+    place = Rows(out_dim, kind, first.group, values)
+    if isinstance(out, torch.Tensor) and out.dim() != ndim:  # an op that reduced (rare in the table)
+        refuse(func, args, kwargs, "its result does not keep the operands' dimensions")
+    return finish(func, args, out, place, ctx)
+
+
+class _Converted:
+    __slots__ = ("local",)
+
+    def __init__(self, local):
+        self.local = local
+
+
+def _plain(a):
+    return a.local if isinstance(a, _Converted) else a
+
+
+def _factor(x):
+    """An operand of a product with shares: the shares as they are, a factor per row
+    as every row's value (ghost rows included)."""
+    return x._local if x._place.kind == SHARES else as_ghosted(x)
+
+
+def _linear_in_shares(func, args, tensors, rows) -> bool:
+    name = func.overloadpacket.__name__.rstrip("_")
+    if func.overloadpacket not in LINEAR:
+        return False
+    if name in ("add", "sub", "rsub"):
+        return len(tensors) == len(rows) == 2 and all(t._place.is_atoms() for t in rows)
+    if name in ("mul", "div"):
+        shares = [t for t in rows if t._place.kind == SHARES]
+        return len(shares) == 1 and (name == "mul" or args[0] is shares[0])
+    return True  # neg, copies
+
+
+# ---- views and shape ops -----------------------------------------------------------------
+def _view_place(func, args, p: Rows, in_shape, out_shape):
+    """Where the rows go when ``in_shape`` is viewed as ``out_shape`` (row-major): the
+    output dim whose prefix product equals the input's before the rows, holding the
+    rows (merged with dims after them: ``group`` entries per row)."""
+    n = in_shape[p.dim] // p.group
+    before = math.prod(in_shape[: p.dim])
+    prefix = 1
+    for d, size in enumerate(out_shape):
+        if prefix == before and size % n == 0 and size > 0 and n > 0:
+            group = size // n
+            if _groups_fit(in_shape, p, group):
+                return p.moved(d, group)
+        prefix *= size
+        if prefix > before:
+            break
+    if n == 0 or 0 in out_shape:
+        return None
+    return refuse(func, args, {}, f"this view merges the rows (dim {p.dim} of {tuple(in_shape)}) with a dimension "
+                  f"before them, or splits them ({tuple(out_shape)})",
+                  "keep the rows as the outer dimension of any reshape (x.reshape(n, -1), x.flatten(1))")
+
+
+def _groups_fit(in_shape, p: Rows, group: int) -> bool:
+    if group % p.group == 0:  # merged with whole dims after the rows
+        need, prod = group // p.group, 1
+        for size in in_shape[p.dim + 1 :]:
+            if prod == need:
+                break
+            prod *= size
+        return prod == need
+    return p.group % group == 0  # a merged row dim split back
+
+
+def _empty_rows(ctx, p):
+    return p
+
+
+@rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def view(func, args, kwargs):
+    x = args[0]
+    out = run_local(func, args, kwargs)
+    place = _view_place(func, args, x._place, tuple(x.shape), tuple(out.shape)) or x._place.moved(0)
+    return finish(func, args, out, place, x._ctx)
+
+
+@rule(aten.expand.default)
+def expand(func, args, kwargs):
+    x, sizes = args[0], args[1]
+    p = x._place
+    lead = len(sizes) - x.dim()
+    d = p.dim + lead
+    if sizes[d] not in (-1, x.shape[p.dim]):
+        refuse(func, args, kwargs, "it expands the row dimension")
+    return finish(func, args, run_local(func, args, kwargs), p.moved(d), x._ctx)
+
+
+@rule(aten.permute.default)
+def permute(func, args, kwargs):
+    x, dims = args[0], [d % args[0].dim() for d in args[1]]
+    return finish(func, args, run_local(func, args, kwargs), x._place.moved(dims.index(x._place.dim)), x._ctx)
+
+
+@rule(aten.transpose.int, aten.transpose_.default)
+def transpose(func, args, kwargs):
+    x = args[0]
+    a, b = args[1] % max(x.dim(), 1), args[2] % max(x.dim(), 1)
+    d = x._place.dim
+    d = b if d == a else a if d == b else d
+    return finish(func, args, run_local(func, args, kwargs), x._place.moved(d), x._ctx)
+
+
+@rule(aten.t.default, aten.t_.default)
+def t(func, args, kwargs):
+    x = args[0]
+    d = x._place.dim if x.dim() < 2 else 1 - x._place.dim
+    return finish(func, args, run_local(func, args, kwargs), x._place.moved(d), x._ctx)
+
+
+@rule(aten.unsqueeze.default, aten.unsqueeze_.default)
+def unsqueeze(func, args, kwargs):
+    x = args[0]
+    at = args[1] % (x.dim() + 1)
+    d = x._place.dim + (1 if at <= x._place.dim else 0)
+    return finish(func, args, run_local(func, args, kwargs), x._place.moved(d), x._ctx)
+
+
+@rule(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.squeeze_.dim)
+def squeeze(func, args, kwargs):
+    x = args[0]
+    p = x._place
+    if len(args) > 1:
+        dims = args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
+        dims = {d % x.dim() for d in dims if x.shape[d % x.dim()] == 1}
+    else:
+        dims = {d for d in range(x.dim()) if x.shape[d] == 1}
+    if p.dim in dims:
+        if x.shape[p.dim] == 1:
+            refuse(func, args, kwargs, "it squeezes away the row dimension (this rank holds one row)",
+                   "squeeze the dimensions you mean by number (x.squeeze(-1)), never the rows")
+    d = p.dim - sum(1 for k in dims if k < p.dim)
+    return finish(func, args, run_local(func, args, kwargs), p.moved(d), x._ctx)
+
+
+@rule(aten.select.int)
+def select(func, args, kwargs):
+    x, dim = args[0], args[1] % args[0].dim()
+    p = x._place
+    if dim == p.dim:
+        refuse(func, args, kwargs, "it reads one row by its position (x[i]): row i is a different atom on each rank",
+               "read rows through the edge index, or reduce over the rows first")
+    d = p.dim - (1 if dim < p.dim else 0)
+    return finish(func, args, run_local(func, args, kwargs), p.moved(d), x._ctx)
+
+
+@rule(aten.slice.Tensor)
+def slice_(func, args, kwargs):
+    x = args[0]
+    dim = (args[1] if len(args) > 1 else 0) % x.dim()
+    p = x._place
+    if dim == p.dim:
+        start = args[2] if len(args) > 2 else None
+        end = args[3] if len(args) > 3 else None
+        step = args[4] if len(args) > 4 else 1
+        whole = (start in (None, 0)) and (end is None or end >= x.shape[dim]) and step == 1
+        if not whole:
+            refuse(func, args, kwargs, "it slices the row dimension (x[a:b]): the rows are a different set of "
+                   "atoms or edges on each rank", "select rows by a mask or an index of the same rows")
+    return finish(func, args, run_local(func, args, kwargs), p, x._ctx)
+
+
+@rule(aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int, aten.chunk.default,
+      aten.unsafe_split.Tensor)
+def split(func, args, kwargs):
+    x = args[0]
+    default_dim = 0
+    dim = (args[2] if len(args) > 2 else kwargs.get("dim", default_dim)) if func.overloadpacket is not aten.unbind \
+        else (args[1] if len(args) > 1 else 0)
+    dim %= x.dim()
+    p = x._place
+    if dim == p.dim:
+        refuse(func, args, kwargs, "it splits the row dimension")
+    out = run_local(func, args, kwargs)
+    if func.overloadpacket is aten.unbind:
+        p = p.moved(p.dim - (1 if dim < p.dim else 0))
+    return wrap_out(out, p, x._ctx, op_name(func.overloadpacket))
+
+
+@rule(aten.cat.default)
+def cat(func, args, kwargs):
+    tensors = [t for t in args[0] if t.numel() or t.dim() > 1]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    ndim = max(t.dim() for t in tensors)
+    dim %= ndim
+    rows = [t._place for t in tensors if rows_of(t)]
+    first = rows[0]
+    if any((p.dim, p.kind, p.group) != (first.dim, first.kind, first.group) for p in rows):
+        refuse(func, args, kwargs, "it joins tensors with different row placements",
+               "bring them to one kind first (the same rows along the same dimension)")
+    if dim == first.dim:
+        refuse(func, args, kwargs, "it appends rows (cat along the row dimension): the result is no longer "
+               "this rank's rows", "add extra rows as their own tensor")
+    for t in tensors:
+        if not rows_of(t) and not uniform_along(t, first.dim):
+            refuse(func, args, kwargs, "a replicated or plain operand has its own value per row")
+    values = first.values if all(p.values == first.values for p in rows) else None
+    return finish(func, args, run_local(func, args, kwargs), Rows(first.dim, first.kind, first.group, values),
+                  ctx_of(args, kwargs))
+
+
+@rule(aten.stack.default)
+def stack(func, args, kwargs):
+    tensors = args[0]
+    dim = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % (tensors[0].dim() + 1)
+    rows = [t._place for t in tensors if rows_of(t)]
+    first = rows[0]
+    if len(rows) != len(tensors) or any(p != first for p in rows):
+        refuse(func, args, kwargs, "it stacks tensors of different placements")
+    d = first.dim + (1 if dim <= first.dim else 0)
+    return finish(func, args, run_local(func, args, kwargs), first.moved(d), ctx_of(args, kwargs))
+
+
+@rule(aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default, aten.full_like.default)
+def like(func, args, kwargs):
+    """Same rows; every row its own value (a uniform fill is the same on ghost copies)."""
+    p = args[0]._place
+    kind = GHOSTED if p.is_atoms() else p.kind
+    return finish(func, args, run_local(func, args, kwargs), Rows(p.dim, kind, p.group), args[0]._ctx)
+
+
+@rule(aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default, aten.new_full.default,
+      aten.new_empty_strided.default)
+def new_factory(func, args, kwargs):
+    """A tensor of a given size from a distributed tensor: replicated (its size says nothing
+    about rows); a scatter by the edge index makes it atom rows."""
+    return finish(func, args, run_local(func, args, kwargs), REPLICATE, args[0]._ctx)
+
+
+@rule(aten.copy_.default)
+def copy_(func, args, kwargs):
+    dst, src = args[0], args[1]
+    if not isinstance(dst, ShardTensor):
+        refuse(func, args, kwargs, "it copies distributed rows into a plain tensor",
+               "keep the result a distributed tensor (out-of-place ops, torch.zeros_like(x))")
+    if rows_of(dst) and not rows_of(src) and not uniform_along(src, dst._place.dim):
+        refuse(func, args, kwargs, "it copies per-row values of a plain tensor into distributed rows")
+    place = src._place if rows_of(src) else dst._place
+    run_local(func, args, kwargs)
+    dst._place = place
+    return dst
+
+
+@rule(aten._local_scalar_dense.default, aten.equal.default, aten.is_same_size.default, aten.nonzero.default,
+      aten.unique_dim.default, aten._unique2.default, aten.sort.default, aten.argsort.default,
+      aten.masked_select.default)
+def host_values(func, args, kwargs):
+    refuse(func, args, kwargs, "it reads this rank's rows as values or positions (an item, a sort, the "
+           "positions of nonzeros): they differ between one process and the ranks",
+           "reduce over the rows first (x.sum(0), x.amax(0)), or keep the step row-local")

@@ -1,0 +1,108 @@
+"""Halo storage under the aten-level dispatch (``DomainConfig(dispatch="aten")``).
+
+The same planner, plan and local neighbour list as `HaloStrategy`; only what the model
+sees differs: its rows are `mlipdd.shard.aten.ShardTensor`s with a placement each
+(positions and per-atom inputs GHOSTED, ``batch`` GHOSTED with system values, the edge
+index edge rows whose values are atom rows), also at ONE rank (no ghosts, nothing is
+sent; the dispatch runs, which is what its cost benchmark measures).
+Consolidation goes by placement: atom rows -> the owners' rows (shares summed first),
+replicated values as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+
+from mlipdd.data import Batch
+from mlipdd.shard.aten import EDGES, GHOSTED, HaloContext, Rows, ShardTensor, from_local, owned_rows
+from mlipdd.shard.aten.placement import Replicate
+from mlipdd.shard.exchange import pad
+from mlipdd.strategy.halo import HaloStrategy, model_inputs
+
+
+class AtenHaloStrategy(HaloStrategy):
+    """`HaloStrategy` with the aten dispatch's rows (module docstring)."""
+
+    @contextlib.contextmanager
+    def model_scope(self, meta):
+        with self.halo.balance.timing():
+            yield
+
+    def model_batch(self, batch: Batch, spec) -> tuple[Batch, HaloContext]:
+        state = self.state
+        ctx = HaloContext(plan=state.plan, n_edges=state.neighbors.num_edges, group=self.group)
+        positions = batch.positions.detach().requires_grad_(True)
+        padded_positions = self.halo.padded_positions(positions, batch.cell, state)
+
+        def atoms(t, name, values=None):
+            return from_local(t, Rows(0, GHOSTED, values=values), ctx, name)
+
+        node = {
+            "positions": atoms(padded_positions, "positions"),
+            "atomic_numbers": atoms(torch.cat([batch.atomic_numbers, state.ghost_numbers]), "atomic_numbers"),
+            "batch": atoms(torch.cat([batch.batch, state.ghost_system]), "batch", values="systems"),
+            "atom_ids": torch.cat([batch.atom_ids, state.ghost_ids]),
+        }
+        node.update({name: atoms(pad(value, state.plan), name) for name, value in model_inputs(batch).items()})
+        padded = Batch._from_dicts(node, dict(batch.system))
+        nl = state.neighbors
+        padded.neighbors = dataclasses.replace(
+            nl,
+            edge_index=ShardTensor(nl.edge_index, Rows(1, EDGES, values="atoms"), ctx, "edge_index"),
+            unit_shifts=ShardTensor(nl.unit_shifts, Rows(0, EDGES), ctx, "unit_shifts"),
+        )
+        padded.n_owned = batch.num_atoms
+        padded.neighbors.edge_index._meta = ctx  # NOTE [skin edges at one rank]: a list the strategy tracks
+        return padded, ctx
+
+    def consolidate(self, outputs: dict, meta: HaloContext, spec, autograd_outputs) -> dict:
+        result = {}
+        for name, value in outputs.items():
+            if not isinstance(value, ShardTensor):
+                result[name] = value.detach() if torch.is_tensor(value) else value
+                continue
+            place = value._place
+            if isinstance(place, Rows) and place.is_atoms() and place.dim == 0:
+                result[name] = owned_rows(value).detach()
+            elif isinstance(place, Replicate):
+                result[name] = value._local.detach()
+            else:
+                raise RuntimeError(
+                    f"the model's output {name!r} holds {place} (from `{value._origin}`); an output is per atom "
+                    "(rows along dim 0) or one value per system: return atom rows or a sum over them"
+                )
+        return result
+
+
+DISPATCHES = ("torch_function", "aten")
+
+
+def dispatch_of(config) -> str:
+    """``config.dispatch``, else ``MLIPDD_DISPATCH``, else the torch-function dispatch."""
+    import os
+
+    from mlipdd.data import InputError
+
+    name = getattr(config, "dispatch", None) or os.environ.get("MLIPDD_DISPATCH") or "torch_function"
+    if name not in DISPATCHES:
+        raise InputError(f"dispatch {name!r} (DomainConfig.dispatch / MLIPDD_DISPATCH) is not one of {DISPATCHES}")
+    return name
+
+
+def strategy_for_dispatch(strategy_cls: type, config) -> type:
+    """The strategy class to run: ``strategy_cls``, or its aten-dispatch form."""
+    if dispatch_of(config) != "aten":
+        return strategy_cls
+    from mlipdd.data import InputError
+
+    if strategy_cls is not HaloStrategy:
+        raise InputError(
+            f"the aten dispatch (DomainConfig(dispatch='aten') / MLIPDD_DISPATCH=aten) runs halo storage only so "
+            f"far, not {getattr(strategy_cls, 'name', strategy_cls)!r}: use strategy='halo', or the default dispatch"
+        )
+    if getattr(config, "compile", False) or getattr(config, "cuda_graph", False):
+        raise InputError("the aten dispatch runs eager force calls; leave compile / cuda_graph off with it")
+    return AtenHaloStrategy

@@ -6,6 +6,7 @@ for molecules and damped shifted force (DSF) for periodic cells; so do we:
 
 * ``"simple"``: aimnet's own `LRCoulomb.coul_simple` on the Coulomb matrix, for open
   systems only (every pair must be in the list, which a periodic cell never allows);
+* ``"ewald"``: periodic cells only, aimnet's Ewald option (`mlipdd_aimnet2.ewald`);
 * ``"dsf"``: the same closed form as aimnet's differentiable `LRCoulomb._coul_dsf_torch`
   (pairs within ``dsf_rc``, plus the DSF self term), written here because aimnet's
   version masks "the last row" for its padding atom, which this layout does not have.
@@ -21,7 +22,7 @@ import math
 import torch
 from mlipdd.data import InputError
 
-COULOMB_METHODS = ("dsf", "simple", "none")
+COULOMB_METHODS = ("dsf", "simple", "ewald", "none")
 SYSTEM_KINDS = ("molecule", "periodic")  # index: whether a system has a periodic direction
 
 
@@ -43,6 +44,11 @@ def coulomb_per_kind(coulomb, needs_coulomb: bool) -> dict[str, str]:
                 f"coulomb={coulomb!r} was asked for, but this model has no Coulomb term outside its network "
                 "(metadata needs_coulomb is False); use coulomb='none'"
             )
+    if per_kind["molecule"] == "ewald" and per_kind["periodic"] != "ewald":
+        raise ValueError(
+            f"coulomb={coulomb!r}: Ewald sums periodic images, so it cannot be the molecule method; use "
+            "'simple' or 'dsf' for molecules"
+        )
     if per_kind["periodic"] == "simple" and per_kind["molecule"] != "simple":
         raise ValueError(
             f"coulomb={coulomb!r}: the all-pairs sum cannot be the periodic method (the pairs with periodic "

@@ -25,6 +25,7 @@ from mlipdd_aimnet2.coulomb import (
     dsf_energy_and_forces,
     simple_energy,
 )
+from mlipdd_aimnet2.ewald import check_fully_periodic, ewald_energy, splitting
 from mlipdd_aimnet2.inputs import aimnet_inputs
 from mlipdd_aimnet2.own_neighbors import aimnet_kernel_matrices, aimnet_kernel_neighbors
 from mlipdd_aimnet2.versions import require_aimnet
@@ -34,6 +35,8 @@ _LOCAL_OUTPUTS = ("Output", "AtomicShift", "AtomicSum", "SRCoulomb")
 DEFAULT_DSF_ALPHA = 0.2  # aimnet's calculator defaults for periodic cells
 DEFAULT_DSF_CUTOFF = 15.0
 DEFAULT_SIMPLE_CUTOFF = 40.0
+DEFAULT_EWALD_CUTOFF = 12.0  # real space; aimnet picks it per call from the density (`ewald.aimnet_ewald_cutoff`)
+DEFAULT_EWALD_ACCURACY = 1e-6  # aimnet's default ewald_accuracy
 
 
 def is_aimnet2_model(obj) -> bool:
@@ -69,7 +72,9 @@ class AIMNet2Wrapper(ModelWrapper):
     that need Coulomb, as aimnet's calculator does for a batch with a cell), ``"simple"``
     (all pairs, open systems only), ``"none"``, or one per kind of system, e.g.
     ``{"molecule": "simple", "periodic": "dsf"}`` for a batch mixing molecules and
-    crystals (a system is periodic when any of its directions is). ``charge`` is the total
+    crystals (a system is periodic when any of its directions is). ``"ewald"`` (cells
+    periodic along all three axes): aimnet's Ewald option, real space to ``ewald_cutoff``,
+    splitting from ``ewald_accuracy`` (`mlipdd_aimnet2.ewald`). ``charge`` is the total
     charge of systems whose batch carries none (``batch.charge`` wins). ``dispersion``
     must be ``False`` for a model whose metadata asks for DFT-D3 outside the network:
     mlipdd-aimnet2 does not compute it (the energies then lack that term).
@@ -82,7 +87,8 @@ class AIMNet2Wrapper(ModelWrapper):
     def __init__(self, model: torch.nn.Module, metadata: dict | None = None, coulomb: str | None = None,
                  dsf_alpha: float = DEFAULT_DSF_ALPHA, dsf_cutoff: float = DEFAULT_DSF_CUTOFF,
                  simple_cutoff: float = DEFAULT_SIMPLE_CUTOFF, charge: float = 0.0,
-                 dispersion: bool | None = None, species=None):
+                 dispersion: bool | None = None, species=None, ewald_cutoff: float = DEFAULT_EWALD_CUTOFF,
+                 ewald_accuracy: float = DEFAULT_EWALD_ACCURACY):
         super().__init__()
         self.aimnet_version = require_aimnet()
         if not is_aimnet2_model(model):
@@ -112,7 +118,10 @@ class AIMNet2Wrapper(ModelWrapper):
         methods = set(self.coulomb_methods.values())
         self.coulomb = methods.pop() if len(methods) == 1 else dict(self.coulomb_methods)
         self.dsf_alpha = float(dsf_alpha)
-        self.method_cutoffs = {"dsf": float(dsf_cutoff), "simple": float(simple_cutoff), "none": 0.0}
+        self.method_cutoffs = {"dsf": float(dsf_cutoff), "simple": float(simple_cutoff),
+                               "ewald": float(ewald_cutoff), "none": 0.0}
+        self.ewald_accuracy = float(ewald_accuracy)
+        self.ewald_alpha, self.ewald_k_cutoff = splitting(float(ewald_cutoff), self.ewald_accuracy)
         used = [self.method_cutoffs[m] for m in self.coulomb_methods.values() if m != "none"]
         self.coulomb_cutoff = max(used) if used else None
         self.charge = float(charge)
@@ -198,6 +207,15 @@ class AIMNet2Wrapper(ModelWrapper):
                 "periodic images never end; use coulomb='dsf' for periodic systems, or "
                 "coulomb={'molecule': 'simple', 'periodic': 'dsf'} for a batch of both"
             )
+        methods = self.system_methods(batch)
+        if self.coulomb_methods["molecule"] == "ewald" and "ewald" in methods:
+            periodic = batch.pbc.bool().any(dim=1).tolist()
+            if not all(p for p, m in zip(periodic, methods) if m == "ewald"):
+                raise InputError(
+                    "coulomb='ewald' sums periodic images and the batch has a molecule (periodic nowhere); "
+                    "use coulomb={'molecule': 'simple', 'periodic': 'ewald'} for a batch of both"
+                )
+        check_fully_periodic(batch, [m == "ewald" for m in methods])
 
     def system_methods(self, batch: Batch) -> list[str]:
         """The Coulomb method of each system (``coulomb_methods`` of its kind)."""
@@ -277,7 +295,7 @@ class AIMNet2Wrapper(ModelWrapper):
                              *(matrices or (None, None)))
         data = self.model.forward_prepared(data)
         energy = data["energy"].to(torch.float64)
-        for method, term in (("dsf", self._dsf_energy), ("simple", simple_energy)):
+        for method, term in (("dsf", self._dsf_energy), ("simple", simple_energy), ("ewald", None)):
             chosen = torch.tensor([m == method for m in methods], dtype=torch.float64, device=positions.device)
             if not bool(chosen.any()):
                 continue
@@ -286,6 +304,9 @@ class AIMNet2Wrapper(ModelWrapper):
             if method == "dsf" and dsf_kernel:  # one system, so chosen is [1.0]
                 dsf, data["_dsf_forces"] = dsf_energy_and_forces(data, self.dsf_alpha, self.method_cutoffs["dsf"])
                 energy = energy + dsf
+            elif method == "ewald":
+                energy = energy + ewald_energy(data, batch, positions, cell, chosen, self.ewald_alpha,
+                                               self.ewald_k_cutoff, self.method_cutoffs["ewald"])
             else:
                 energy = energy + term(data) * chosen
         return energy, data

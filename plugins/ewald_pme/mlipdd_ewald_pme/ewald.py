@@ -31,21 +31,26 @@ def plane_spacings(cell: torch.Tensor) -> torch.Tensor:
     return 1.0 / inverse.norm(dim=1)  # columns of inv(cell) are b_i / 2 pi
 
 
-def miller_indices(cell: torch.Tensor, k_cutoff: float) -> torch.Tensor:
-    """Integer vectors ``m`` (half space, no origin) with ``|k| <= k_cutoff`` in some system."""
+def miller_indices(cell: torch.Tensor, k_cutoff: float, spherical: bool = True) -> torch.Tensor:
+    """Integer vectors ``m`` (half space, no origin) with ``|k| <= k_cutoff`` in some system;
+    ``spherical=False``: the whole box ``|m_i| <= ceil(k_cutoff |a_i| / 2 pi)`` that holds that
+    sphere (the set nvalchemiops' Ewald, and so aimnet's, sums; pass ``k_cutoff=inf`` to
+    `reciprocal_energies` with it)."""
     cell = cell.detach()
     bounds = torch.ceil(k_cutoff * cell.norm(dim=2) / (2 * math.pi)).long().amax(0)
     axes = [torch.arange(-int(b), int(b) + 1, device=cell.device) for b in bounds]
     m = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
     half = (m[:, 0] > 0) | ((m[:, 0] == 0) & (m[:, 1] > 0)) | ((m[:, 0] == 0) & (m[:, 1] == 0) & (m[:, 2] > 0))
     m = m[half].to(cell.dtype)
+    if not spherical:
+        return m
     k = 2 * math.pi * torch.einsum("kj,sij->ski", m, torch.linalg.inv(cell))
     needed = (k.square().sum(-1) <= k_cutoff**2).any(0)
     return m[needed]
 
 
 def reciprocal_energies(batch: Batch, positions, cell, charges, alpha: float, k_cutoff: float,
-                        miller: torch.Tensor) -> torch.Tensor:
+                        miller: torch.Tensor, coulomb_constant: float = COULOMB_EV_ANGSTROM) -> torch.Tensor:
     inverse = torch.linalg.inv(cell)  # differentiable: the strained cell of the stress route
     k = 2 * math.pi * torch.einsum("kj,sij->ski", miller, inverse)  # (S, K, 3)
     k2 = k.square().sum(-1)
@@ -54,7 +59,7 @@ def reciprocal_energies(batch: Batch, positions, cell, charges, alpha: float, k_
     safe_k2 = torch.where(inside, k2, torch.ones_like(k2))
     # factor 2: only half of k-space is summed, k and -k contribute alike
     green = torch.where(inside, 8 * math.pi / safe_k2 * torch.exp(-safe_k2 / (4 * alpha**2)), torch.zeros_like(k2))
-    prefactor = 0.5 * COULOMB_EV_ANGSTROM * green / volume.unsqueeze(1)  # (S, K)
+    prefactor = 0.5 * coulomb_constant * green / volume.unsqueeze(1)  # (S, K)
 
     fractional = torch.einsum("ni,nij->nj", positions, inverse[batch.batch])
     phase = 2 * math.pi * fractional @ miller.T  # (N, K)
@@ -66,7 +71,8 @@ def reciprocal_energies(batch: Batch, positions, cell, charges, alpha: float, k_
     return charges * per_k.sum(1)
 
 
-def background_energies(batch: Batch, cell, charges, alpha: float) -> torch.Tensor:
+def background_energies(batch: Batch, cell, charges, alpha: float,
+                        coulomb_constant: float = COULOMB_EV_ANGSTROM) -> torch.Tensor:
     """Neutralising background of a charged cell, ``-pi Q^2 / (2 V alpha^2)``, shared as
     ``q_i Q`` per atom (sums to the system's term; zero for neutral cells)."""
     total = per_system_sum(charges, batch)  # replicated under DD
@@ -75,7 +81,7 @@ def background_energies(batch: Batch, cell, charges, alpha: float) -> torch.Tens
     # them. ``total / volume`` would be a replicated value, and its gradient (summed over
     # ranks where it meets atom rows) would reach the cell once per rank: the stress
     # would be counted world_size times. Per atom, each rank differentiates its share.
-    return -COULOMB_EV_ANGSTROM * math.pi / (2 * alpha**2) * charges * total[batch.batch] / volume[batch.batch]
+    return -coulomb_constant * math.pi / (2 * alpha**2) * charges * total[batch.batch] / volume[batch.batch]
 
 
 def slab_energies(batch: Batch, positions, cell, charges, axis: torch.Tensor) -> torch.Tensor:

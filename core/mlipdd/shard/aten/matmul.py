@@ -105,3 +105,22 @@ def bmm(func, args, kwargs):
     if pb and not pa and pb.dim == 2:
         return finish(func, args, func(unwrap(a), b._local), pb, b._ctx)
     refuse(func, args, kwargs, "a batched product whose batch is not the rows of both factors")
+
+
+@rule(aten.mv.default)
+def mv(func, args, kwargs):
+    a, v = args[0], args[1]
+    pa, pv = rows_of(a), rows_of(v)
+    if pa and not pv and pa.dim == 0 and pa.group == 1:
+        return finish(func, args, func(a._local, unwrap(v)), Rows(0, pa.kind), a._ctx)
+    if pa and pv and pa.dim == 1 and pv.dim == 0:
+        return _contract_rows(func, a, v, args, kwargs)
+    refuse(func, args, kwargs, "a matrix-vector product over the rows of one factor only")
+
+
+@rule(aten.dot.default, aten.vdot.default)
+def dot(func, args, kwargs):
+    a, b = args[0], args[1]
+    if rows_of(a) and rows_of(b):
+        return _contract_rows(func, a, b, args, kwargs)
+    refuse(func, args, kwargs, "a dot product of rows with a plain vector (indexed by this rank's rows)")

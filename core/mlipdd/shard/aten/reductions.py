@@ -90,8 +90,7 @@ def vector_norm(func, args, kwargs):
 @rule(aten.mean.dim, aten.mean.default, aten.var.correction, aten.std.correction, aten.var_mean.correction,
       aten.std_mean.correction, aten.prod.dim_int, aten.prod.default, aten.cumsum.default, aten.cumprod.default,
       aten.logsumexp.default, aten._softmax.default, aten._log_softmax.default, aten.argmax.default,
-      aten.argmin.default, aten.max.dim, aten.min.dim, aten.median.dim, aten.any.dim, aten.all.dim,
-      aten.any.default, aten.all.default, aten.count_nonzero.dim_IntList, aten.nansum.default,
+      aten.argmin.default, aten.max.dim, aten.min.dim, aten.median.dim, aten.count_nonzero.dim_IntList, aten.nansum.default,
       aten._softmax_backward_data.default, aten._log_softmax_backward_data.default, aten.max.default,
       aten.min.default)
 def other_reduction(func, args, kwargs):
@@ -126,3 +125,19 @@ def other_reduction(func, args, kwargs):
             return type(out)(ShardTensor(o, place, x._ctx, name) for o in out)
         return type(out)(ShardTensor(o, place, x._ctx, name) for o in out)
     return finish(func, args, out, place, x._ctx)
+
+
+@rule(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims)
+def any_all(func, args, kwargs):
+    """``bool((index < 0).any())``: over the rows an all_reduce of the local answer."""
+    x = args[0]
+    p = x._place
+    dims = _dims(x, args[1] if len(args) > 1 else kwargs.get("dim"))
+    keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    local = as_owned(x) if p.kind == SHARES else x._local
+    if p.dim not in dims:
+        return finish(func, args, func(local, *args[1:], **kwargs), _kept(p.as_kind(p.kind if p.kind != SHARES else "atoms-owned"), dims, keepdim), x._ctx)
+    rows = valid_rows(local, p.as_kind("atoms-owned") if p.is_atoms() else p, x._ctx)
+    part = func(rows, *args[1:], **kwargs).to(torch.uint8)
+    op = dist.ReduceOp.MAX if func.overloadpacket is aten.any else dist.ReduceOp.MIN
+    return finish(func, args, comm.all_reduce(part, x._ctx.group, op).bool(), REPLICATE, x._ctx)

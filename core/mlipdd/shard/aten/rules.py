@@ -462,9 +462,34 @@ def copy_(func, args, kwargs):
 
 
 @rule(aten._local_scalar_dense.default, aten.equal.default, aten.is_same_size.default, aten.nonzero.default,
-      aten.unique_dim.default, aten._unique2.default, aten.sort.default, aten.argsort.default,
+      aten.unique_dim.default, aten.sort.default, aten.argsort.default,
       aten.masked_select.default)
 def host_values(func, args, kwargs):
     refuse(func, args, kwargs, "it reads this rank's rows as values or positions (an item, a sort, the "
            "positions of nonzeros): they differ between one process and the ranks",
            "reduce over the rows first (x.sum(0), x.amax(0)), or keep the step row-local")
+
+
+@rule(aten._unique2.default, aten._unique.default)
+def unique(func, args, kwargs):
+    """The distinct values of rows (``torch.unique(z)``): the union over ranks, replicated;
+    with inverse indices or counts (positions and counts of this rank's rows) refused."""
+    x = args[0]
+    p = x._place
+    inverse = args[2] if len(args) > 2 else kwargs.get("return_inverse", False)
+    counts = args[3] if len(args) > 3 else kwargs.get("return_counts", False)
+    if inverse or counts or x.dim() != 1:
+        refuse(func, args, kwargs, "unique with inverse indices or counts describes this rank's rows",
+               "count with index_add / bincount by the values, a sum over the rows")
+    mine = torch.unique(valid_rows(x._local, p.as_kind(OWNED) if p.is_atoms() else p, x._ctx))
+    group = x._ctx.group
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        sizes = [torch.zeros(1, dtype=torch.long) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(sizes, torch.tensor([mine.numel()]), group=group)
+        longest = int(max(s_ for s_ in sizes))
+        padded = torch.cat([mine, mine.new_zeros(longest - mine.numel())])
+        parts = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(parts, padded, group=group)
+        mine = torch.unique(torch.cat([part[: int(n)] for part, n in zip(parts, sizes)]))
+    out = (mine, mine.new_empty(0), mine.new_empty(0)) if func is aten._unique2.default else (mine, mine.new_empty(0))
+    return wrap_out(out, REPLICATE, x._ctx, "aten::unique")

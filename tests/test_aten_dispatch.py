@@ -1,0 +1,103 @@
+"""The aten-level dispatch (``DomainConfig(dispatch="aten")``): one process vs spawned ranks.
+
+LJ (the reference model) under halo storage at 1-4 gloo ranks, float64: a triclinic
+cell, a cell so small that a rank sees its own images, a slab cut along its vacuum and
+a batch of two systems; energy, forces and stress to 1e-10 relative. The switch's
+default stays the torch-function dispatch; an op without a rule is refused by name.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mlipdd.data import InputError
+from mlipdd.distributed import DistributedModel, DomainConfig
+from mlipdd.models.lj import LennardJones
+from mlipdd.shard.aten import AtenRefusal, declare_row_local
+from mlipdd.shard.aten.row_local import USER_ROW_LOCAL
+from mlipdd.strategy.aten_halo import AtenHaloStrategy, strategy_for_dispatch
+from mlipdd.strategy.halo import HaloStrategy
+from mlipdd.testing.conformance import check_conformance_cases
+from mlipdd.testing.systems import slab, small_cell, triclinic, two_systems
+from mlipdd.testing.toy_models import ToyMPNN
+
+ATEN = {"dispatch": "aten", "strategy": "halo"}
+
+
+def lj():
+    return LennardJones(epsilon={18: 0.0104, 10: 0.0031}, sigma={18: 3.4, 10: 2.75}, cutoff=7.0)
+
+
+def systems():
+    return {
+        "triclinic": triclinic(species=(18, 10), reps=4),
+        "own_images": small_cell(species=(18, 10), reps=2),
+        "slab": slab(species=(18, 10), reps=(4, 4, 3)),
+        "two_systems": two_systems(species=(18, 10)),
+    }
+
+
+@pytest.mark.mlipdd_conformance(world_sizes=(1, 2, 3, 4))
+def test_lj_exact_under_aten_dispatch(world_size):
+    cases = [(lj, batch, {**ATEN, **({"grid": (1, 1, world_size)} if name == "slab" else {})})
+             for name, batch in systems().items()]
+    for (result, _), name in zip(check_conformance_cases(cases, world_size), systems()):
+        assert result.rel_diff["energy"] < 1e-10, (name, result.rel_diff)
+        assert result.rel_diff["forces"] < 1e-10, (name, result.rel_diff)
+        assert result.rel_diff["stress"] < 1e-10, (name, result.rel_diff)
+
+
+def test_switch_default_is_the_torch_function_dispatch(monkeypatch):
+    monkeypatch.delenv("MLIPDD_DISPATCH", raising=False)
+    assert strategy_for_dispatch(HaloStrategy, DomainConfig(cutoff=3.0)) is HaloStrategy
+    assert strategy_for_dispatch(HaloStrategy, DomainConfig(cutoff=3.0, dispatch="aten")) is AtenHaloStrategy
+    monkeypatch.setenv("MLIPDD_DISPATCH", "aten")
+    assert strategy_for_dispatch(HaloStrategy, DomainConfig(cutoff=3.0)) is AtenHaloStrategy
+    with pytest.raises(InputError, match="not one of"):
+        strategy_for_dispatch(HaloStrategy, DomainConfig(cutoff=3.0, dispatch="python"))
+
+
+class SortsAtoms(LennardJones):
+    """An op without a rule on atom rows (a sort of per-atom energies)."""
+
+    def atomic_energies(self, batch, positions, cell):
+        energies = super().atomic_energies(batch, positions, cell)
+        return torch.sort(energies).values
+
+
+def test_an_op_without_a_rule_is_refused_by_name():
+    model = SortsAtoms(epsilon=0.0104, sigma=3.4, cutoff=7.0)
+    dm = DistributedModel(model, DomainConfig(cutoff=7.0, **ATEN))
+    owned = dm.partition(triclinic(reps=3))
+    with pytest.raises(AtenRefusal, match=r"aten::sort.*from `aten::index_add`.*Fix:"):
+        dm(owned)
+
+
+def test_a_declared_row_local_op_runs():
+    op = torch.ops.aten.sinc
+    assert op not in USER_ROW_LOCAL
+
+    class Sinc(LennardJones):
+        def atomic_energies(self, batch, positions, cell):
+            return torch.sinc(super().atomic_energies(batch, positions, cell))
+
+    model = Sinc(epsilon=0.0104, sigma=3.4, cutoff=7.0)
+    batch = triclinic(reps=3)
+    dm = DistributedModel(model, DomainConfig(cutoff=7.0, **ATEN))
+    owned = dm.partition(batch)
+    with pytest.raises(AtenRefusal, match="aten::sinc"):
+        dm(owned)
+    declare_row_local("aten::sinc")
+    try:
+        out = dm(owned)
+    finally:
+        USER_ROW_LOCAL.discard(op)
+    reference = model(batch)
+    assert torch.allclose(out["energy"], reference["energy"], rtol=1e-12)
+
+
+@pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
+def test_toy_mpnn_exact_under_aten_dispatch(world_size):
+    cases = [(ToyMPNN, batch, ATEN) for batch in (triclinic(reps=4), small_cell(reps=2))]
+    for result, _ in check_conformance_cases(cases, world_size):
+        result.assert_close()

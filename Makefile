@@ -18,8 +18,9 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # One thread per process: tests spawn several ranks on machines with few cores.
 export OMP_NUM_THREADS ?= 1
-# Spawned test ranks import mace once (in their forkserver), not once per rank.
-export MLIPDD_SPAWN_PRELOAD ?= mace.modules
+# Spawned test ranks import model packages once, in pytest's forkserver: tests/conftest.py and
+# the plugins' conftests list them there (an exported variable would reach every program a
+# test starts, and each would import them first).
 # Rank counts of every conformance suite (mlipdd.testing.conformance_suite): the full matrix.
 WORLD_SIZES ?= 2,3,4
 

@@ -249,6 +249,25 @@ class RankPool:
         return "" if self.closed else "; the next call starts new ranks"
 
 
+# NOTE [forkserver preload]: modules this process's forkserver imports once besides the
+# model's own. MLIPDD_SPAWN_PRELOAD reaches every program this process starts, and each then
+# imports them in its own server (seconds a program, fairchem's ~10 s); `preload_in_forkserver`
+# stays in this process: the test suite's conftests register their model packages there.
+_PRELOAD_HERE: list[str] = []
+
+
+def preload_in_forkserver(*modules: str) -> None:
+    """Have this process's forkserver (`rank_context`, `mlipdd.testing.spawn`) import
+    ``modules`` when it starts; children of this process do not inherit the list."""
+    _PRELOAD_HERE.extend(m for m in modules if m not in _PRELOAD_HERE)
+
+
+def forkserver_preload() -> list[str]:
+    """MLIPDD_SPAWN_PRELOAD's modules, then those `preload_in_forkserver` added."""
+    named = [m for m in os.environ.get("MLIPDD_SPAWN_PRELOAD", "").split(",") if m]
+    return [*named, *(m for m in _PRELOAD_HERE if m not in named)]
+
+
 def rank_context(model, backend: str):
     """Where ranks come from. On the CPU (gloo): a forkserver that imported torch, mlipdd and
     the model's own packages once (MACE: e3nn and mace, seconds each), so a rank forks from
@@ -269,7 +288,7 @@ def rank_context(model, backend: str):
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
     modules = ["torch", "mlipdd.distributed.rank_worker", "mlipdd.distributed.model"]
-    modules += [m for m in os.environ.get("MLIPDD_SPAWN_PRELOAD", "").split(",") if m]
+    modules += forkserver_preload()
     for part in (model, getattr(model, "model", None)):  # the wrapper and what it wraps
         module = type(part).__module__ if part is not None else ""
         if module and module not in ("builtins", "__main__") and not module.startswith("torch."):

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlipdd.comm import free_port
+from mlipdd.distributed.rank_pool import forkserver_preload, preload_in_forkserver
 
 _CTX = None
 
@@ -31,18 +32,21 @@ class RankFailure(RuntimeError):
 
 # Under pytest, a rank gets its function by importing the test module that defines it, and
 # with it pytest and what test modules import; once in the server, not 0.3-1 s a rank a launch.
-_UNDER_PYTEST = ("pytest", "ase.build", "mlipdd.testing")
+# The server is one per process and shared with `rank_pool.rank_context` (a calculator's
+# ranks): whichever starts it first fixes its modules, so both read the same list.
+_UNDER_PYTEST = ("pytest", "ase.build", "mlipdd.testing", "mlipdd.distributed.rank_worker")
+if "pytest" in sys.modules:
+    preload_in_forkserver(*_UNDER_PYTEST)
 
 
 def _context():
     global _CTX
     if _CTX is None:
         _CTX = mp.get_context("forkserver")
-        # Heavy model packages (e.g. MLIPDD_SPAWN_PRELOAD=mace.modules) are imported once in
-        # the server instead of once per rank per test.
-        extra = [m for m in os.environ.get("MLIPDD_SPAWN_PRELOAD", "").split(",") if m]
-        tests = list(_UNDER_PYTEST) if "pytest" in sys.modules else []
-        _CTX.set_forkserver_preload(["torch", "mlipdd.shard", "mlipdd.distributed.model", *tests, *extra])
+        # Heavy model packages (a conftest's `preload_in_forkserver("mace.modules")`, or
+        # MLIPDD_SPAWN_PRELOAD=mace.modules) are imported once in the server instead of once
+        # per rank per test.
+        _CTX.set_forkserver_preload(["torch", "mlipdd.shard", "mlipdd.distributed.model", *forkserver_preload()])
     return _CTX
 
 

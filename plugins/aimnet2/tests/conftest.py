@@ -3,13 +3,10 @@ import it once, in the forkserver, instead of once per rank (it imports warp, se
 
 from __future__ import annotations
 
-import os
-
-_preload = "aimnet.models,aimnet.modules.lr,mlipdd_aimnet2.wrapper"
-os.environ["MLIPDD_SPAWN_PRELOAD"] = ",".join(
-    p for p in (os.environ.get("MLIPDD_SPAWN_PRELOAD", ""), _preload) if p
-)
-
 import pytest
+from mlipdd.testing.spawn import preload_in_forkserver
+
+# in this process only: an environment variable would reach every program a test starts
+preload_in_forkserver("aimnet.models", "aimnet.modules.lr", "mlipdd_aimnet2.wrapper")
 
 pytest.importorskip("aimnet", reason="aimnet is not installed (see plugins/aimnet2/README.md)")

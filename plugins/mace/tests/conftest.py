@@ -10,7 +10,11 @@ pytest.importorskip("mace", reason="mace-torch is not installed (see plugins/mac
 
 from mace_structures import ELEMENTS, R_MAX, STRUCTURES
 
+from mlipdd.testing.spawn import preload_in_forkserver
 from mlipdd_mace.testing import random_mace
+
+# spawned ranks import mace once, in this process's forkserver, instead of once per rank
+preload_in_forkserver("mace.modules")
 
 
 @pytest.fixture(scope="session")

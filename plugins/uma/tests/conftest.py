@@ -10,12 +10,12 @@ import os
 
 # before anything imports huggingface_hub: the offline test must fail at once, not retry
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# spawned ranks import fairchem once, in the forkserver, instead of once per rank
-_preload = "fairchem.core.models.uma.escn_md,mlipdd_uma.wrapper"
-os.environ["MLIPDD_SPAWN_PRELOAD"] = ",".join(
-    p for p in (os.environ.get("MLIPDD_SPAWN_PRELOAD", ""), _preload) if p
-)
 
 import pytest
+from mlipdd.testing.spawn import preload_in_forkserver
+
+# spawned ranks import fairchem once, in the forkserver, instead of once per rank; in this
+# process only (an environment variable would reach every program a test starts: ~10 s each)
+preload_in_forkserver("fairchem.core.models.uma.escn_md", "mlipdd_uma.wrapper")
 
 pytest.importorskip("fairchem.core", reason="fairchem-core is not installed (see plugins/uma/README.md)")

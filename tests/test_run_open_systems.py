@@ -85,19 +85,40 @@ def _run(tmp_path, name, *flags) -> tuple[dict, list[dict], str]:
     return json.loads(result.stdout), rows, result.stderr
 
 
-@pytest.mark.parametrize("system", ["cluster", "molecule", "slab"])
-def test_a_cluster_and_a_molecule_without_a_cell_run_on_ranks_like_one_process(tmp_path, nproc, system):
+def _open_system(system: str) -> tuple[ase.Atoms, list[str]]:
     if system == "cluster":
-        atoms, flags = Icosahedron("Ar", 3), []  # 55 atoms
-    elif system == "molecule":  # ethanol with a soft LJ that keeps its atoms apart
-        atoms, flags = molecule("CH3CH2OH"), ["--model-arg", "sigma=1.2", "--model-arg", "cutoff=4.0"]
-    else:  # an fcc(111) slab without vacuum: its cell has no z vector
-        atoms, flags = fcc111("Ar", size=(4, 4, 3), a=5.26), []
-        atoms.rattle(0.02, seed=1)
-        atoms.info.clear()  # ASE's adsorbate_info does not survive extxyz
-    ase.io.write(tmp_path / "open.extxyz", atoms)
-    _one, one_rows, one_err = _run(tmp_path, "one", "--system", "open.extxyz", *flags)
-    many, many_rows, many_err = _run(tmp_path, f"n{nproc}", "--system", "open.extxyz", "--nproc", str(nproc),
+        return Icosahedron("Ar", 3), []  # 55 atoms
+    if system == "molecule":  # ethanol with a soft LJ that keeps its atoms apart
+        return molecule("CH3CH2OH"), ["--model-arg", "sigma=1.2", "--model-arg", "cutoff=4.0"]
+    atoms = fcc111("Ar", size=(4, 4, 3), a=5.26)  # an fcc(111) slab without vacuum: no z vector
+    atoms.rattle(0.02, seed=1)
+    atoms.info.clear()  # ASE's adsorbate_info does not survive extxyz
+    return atoms, []
+
+
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory):
+    """The one-process run of a system (input file, flags, its thermo rows and stderr): once a
+    system, shared by its 2, 3 and 4 rank cases."""
+    done = {}
+
+    def run(system: str):
+        if system not in done:
+            folder = tmp_path_factory.mktemp(f"one-{system}")
+            atoms, flags = _open_system(system)
+            ase.io.write(folder / "open.extxyz", atoms)
+            _summary, rows, err = _run(folder, "one", "--system", "open.extxyz", *flags)
+            done[system] = folder / "open.extxyz", flags, rows, err
+        return done[system]
+
+    return run
+
+
+@pytest.mark.parametrize("system", ["cluster", "molecule", "slab"])
+def test_a_cluster_and_a_molecule_without_a_cell_run_on_ranks_like_one_process(tmp_path, nproc, system,
+                                                                               one_process_run):
+    system_file, flags, one_rows, one_err = one_process_run(system)
+    many, many_rows, many_err = _run(tmp_path, f"n{nproc}", "--system", str(system_file), "--nproc", str(nproc),
                                      *flags)
     for err in (one_err, many_err):
         assert err.count("no periodic box given: put in a non-periodic box with 10 A of vacuum") == 1

@@ -52,10 +52,12 @@ class DomainConfig:
     ones (one recompile, counted in ``DistributedModel.compile_stats``). The first call
     at each new set of shapes, and after integer inputs change, is checked against the
     eager call (`mlipdd.distributed.compiled`). At one rank any model; at several ranks
-    energy models (``atomic_energies``: LJ) under halo storage, each rank's plain rows
-    compiled with the exchanges outside (`mlipdd.distributed.compiled_halo`); a model
-    with its own forward (MACE) is refused there by name (its rows are ShardTensors,
-    whose dispatch dynamo cannot trace). Refused with ``cuda_graph=True`` (one or the
+    under halo storage, models whose energy is a sum of per-atom energies (``atomic_energies``:
+    LJ, MACE through its compile hook, `ToyMPNN`), each rank's plain rows compiled with the
+    exchanges outside and a ghost shell ``message_passing_layers * cutoff + skin`` deep, so
+    that no exchange is needed between layers (`mlipdd.distributed.compiled_halo`, NOTE
+    [deep ghost shell]); a wrapper with only its own forward (UMA, AIMNet2) is refused
+    there by name. Refused with ``cuda_graph=True`` (one or the
     other) and with a strategy other than ``"halo"``."""
 
     cutoff: float
@@ -117,7 +119,7 @@ def _check_compile(config: DomainConfig) -> None:
         raise InputError(
             f"DomainConfig(compile=True) compiles the halo path, not the {config.strategy_name} "
             "strategy (its rows are ShardTensors, which torch.compile cannot trace yet); use "
-            "strategy='halo' (at one rank any model, at several an energy model such as LJ), or "
+            "strategy='halo' (at one rank any model, at several a model with atomic_energies: LJ, MACE), or "
             "leave compile=False"
         )
     if not config.compile_headroom >= 1.0:

@@ -391,31 +391,36 @@ def estimate_memory(model, n_atoms: int, n_edges: int, chunk_atoms: int | None, 
     per-node peaks.
 
     Fused cuEq convolution (gather, product and receiver sums in one kernel): no message
-    exists per edge; what a layer keeps per edge is the radial MLP's activations and the
-    weights it makes (1.2 of those: the one H200 point, medium cuEq at 64k atoms with the
-    convolutions unchunked, 38.1 GiB, benchmarks/results/mace_cueq_gpu.md). Chunked, one
-    chunk's edges hold the weights and their gradient, the rows it touches the messages
-    and their gradient. The fused coefficients are NOT yet checked against a chunked GPU
-    peak (.old/gpu/cueq_chunk_fused.py measures them).
+    exists per edge, and cuEq's symmetric contraction keeps no ``sh**2 * hidden`` products
+    per node. Plain: per edge and layer the radial MLP's activations and the weights it
+    makes (1.2 of those), per node the messages and features: medium cuEq on one H200,
+    16.1 vs 17.0 GiB measured at 27k atoms, 38.2 vs 38.1 at 64k (benchmarks/results/
+    mace_cueq_gpu.md, cueq_chunk_fused_h200.md). Chunked: the two coefficients (1.45 node
+    tensors per layer kept, 0.84 of a chunk's edge weights alive) are fitted to the two
+    chunked H200 peaks (27k atoms at chunk 8192: 5.5 GiB; 1M at 16384: 82.9 GiB), not yet
+    checked at a third point.
     """
     d = _dims(model)
     per_edge_geometry = 3 * (3 + 1 + d["sh"] + 8 + 1)
     per_node_product = d["sh"] * d["sh"] * d["hidden"] // 2
     edges_per_atom = n_edges / max(1, n_atoms)
     if d["fused"]:
-        plain_edge_layer = 1.2 * (d["tp_weights"] + d["radial_hidden"])
-        chunk_edge_layer = 2 * (d["tp_weights"] + d["radial_hidden"]) + d["sh"]
-        chunk_node_layer = 2 * d["mid"] + 2 * d["up"]
-    else:
-        plain_edge_layer = 1.1 * (d["mid"] + d["tp_weights"])
-        chunk_edge_layer = 2 * d["mid"] + 2 * d["tp_weights"] + d["up"]
-        chunk_node_layer = 0
-    if chunk_atoms is None:
-        per_edge = per_edge_geometry + d["layers"] * plain_edge_layer
+        node_layer = d["mid"] + d["hidden"]
+        if chunk_atoms is None:
+            per_edge = per_edge_geometry + d["layers"] * 1.2 * (d["tp_weights"] + d["radial_hidden"])
+            total = n_edges * per_edge + n_atoms * d["layers"] * node_layer
+        else:
+            chunk_edge_layer = 2 * (d["tp_weights"] + d["radial_hidden"]) + d["sh"]
+            rows = min(chunk_atoms, n_atoms)
+            total = (n_edges * per_edge_geometry + n_atoms * 1.45 * d["layers"] * node_layer
+                     + rows * (0.84 * edges_per_atom * chunk_edge_layer + 2 * d["mid"] + 2 * d["up"]))
+    elif chunk_atoms is None:
+        per_edge = per_edge_geometry + d["layers"] * 1.1 * (d["mid"] + d["tp_weights"])
         per_node = d["layers"] * (d["mid"] + d["hidden"] + 2 * per_node_product)
         total = n_edges * per_edge + n_atoms * per_node
     else:
+        chunk_edge_layer = 2 * d["mid"] + 2 * d["tp_weights"] + d["up"]
         rows = min(chunk_atoms, n_atoms)
         total = (n_edges * per_edge_geometry + n_atoms * d["layers"] * (d["mid"] + d["hidden"])
-                 + rows * (1.5 * edges_per_atom * chunk_edge_layer + chunk_node_layer + 2 * per_node_product))
+                 + rows * (1.5 * edges_per_atom * chunk_edge_layer + 2 * per_node_product))
     return {"bytes": int(total * itemsize), "atoms": n_atoms, "edges": n_edges, "chunk_atoms": chunk_atoms}

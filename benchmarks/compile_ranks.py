@@ -89,7 +89,7 @@ def main(argv=None):
 
     rows = []
     for name in args.models.split(","):
-        per_rank = run_ranks(_run, args.ranks, name, args.backend, args.steps, args.reps, args.dt)
+        per_rank = run_ranks(_run, args.ranks, name, args.backend, args.steps, args.reps, args.dt, timeout=3000.0)
         for mode_rows in zip(*per_rank):  # one row per run: rank 0's, with the sums over ranks
             row = dict(mode_rows[0])
             row["atoms"] = sum(r["atoms"] for r in mode_rows)

@@ -151,7 +151,10 @@ def uniform_along(t, dim: int) -> bool:
 # ---- dispatch ---------------------------------------------------------------------------
 def dispatch(func, args, kwargs):
     """NOTE [aten precedence]."""
-    if not any(rows_of(s) for s in shards(args, kwargs)):
+    found = shards(args, kwargs)
+    if found and func.overloadpacket in _ARITHMETIC:
+        refuse_local_counts(func, args, kwargs, found[0]._ctx)
+    if not any(rows_of(s) for s in found):
         return _replicated(func, args, kwargs)
     fn = RULES.get(func) or RULES.get(func.overloadpacket)
     if fn is not None:
@@ -195,6 +198,11 @@ def row_local(func, args, kwargs):
                    "distributed, so they cannot be this rank's rows",
                    "build it from the distributed tensors (torch.zeros_like(x), x[sender], ...), not from "
                    "a size (torch.arange(x.shape[0]))")
+    if func.overloadpacket not in COPIES and any(t._place.values == "atoms" for t in rows):
+        refuse(func, args, kwargs, "it computes with atom row NUMBERS (an edge index's values): they are this "
+               "rank's local row numbers, not the atoms' numbers in one process (sender < receiver, "
+               "receiver * n + sender)", "use the edge index only to read and scatter rows; compare atoms by "
+               "a property they carry (positions, atom_ids passed as a float input)")
     kinds = {t._place.kind for t in rows}
     if not first.is_atoms():
         kind, convert = EDGES, None
@@ -493,3 +501,29 @@ def unique(func, args, kwargs):
         mine = torch.unique(torch.cat([part[: int(n)] for part, n in zip(parts, sizes)]))
     out = (mine, mine.new_empty(0), mine.new_empty(0)) if func is aten._unique2.default else (mine, mine.new_empty(0))
     return wrap_out(out, REPLICATE, x._ctx, "aten::unique")
+
+
+# ---- sizes used as values ----------------------------------------------------------------
+# NOTE [aten counts]
+# ``h.sum(0) / h.shape[0]`` or ``messages / (n_edges / n_atoms)`` divide by THIS rank's row
+# count: the wrapper has the local shape, and a Python number carries no origin. The
+# arithmetic ops check their number arguments against this rank's counts and simple
+# ratios of them, where those differ from the counts of the whole system; a match is
+# refused (never a silent answer: a coincidence costs a refusal, not a wrong number).
+_ARITHMETIC = {aten.div, aten.div_, aten.mul, aten.mul_, aten.true_divide, aten.reciprocal, aten.pow, aten.rsqrt}
+
+
+def refuse_local_counts(func, args, kwargs, ctx):
+    numbers = [a for a in args[1:] if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    numbers += [float(a) for a in args[1:] if isinstance(a, torch.Tensor) and not isinstance(a, ShardTensor)
+                and a.dim() == 0 and a.device.type == "cpu" and a.is_floating_point()]
+    if not numbers:
+        return
+    suspicious = ctx.local_counts()
+    for number in numbers:
+        for value, what in suspicious:
+            if number != 0 and (math.isclose(number, value, rel_tol=1e-12) or math.isclose(number * value, 1.0, rel_tol=1e-12)):
+                refuse(func, args, kwargs, f"it multiplies or divides by {number!r}, which is {what} on this rank "
+                       "(a size of the local rows used as a value: one process has another count)",
+                       "count with a sum over the rows (torch.ones_like(x).sum(0), a per-system index_add), "
+                       "never with x.shape")

@@ -35,14 +35,27 @@ class AtenRefusal(RuntimeError):
     """An aten op on distributed rows without an exact rule (raised on every rank)."""
 
 
-@dataclass
+@dataclass(eq=False)
 class HaloContext:
-    """What one forward's rows are: the halo plan, this rank's edge count, the group."""
+    """What one forward's rows are: the halo plan, this rank's edge count, the group.
+
+    Equal when it holds the same plan object (reused until the next rebuild) and edge
+    count: torch.compile guards on it (the ShardTensor's flatten metadata), so a compiled
+    forward is reused until a rebuild."""
 
     plan: object  # mlipdd.shard.exchange.ExchangePlan
     n_edges: int
     group: object = None
     _global: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.key = (id(self.plan), self.n_edges, id(self.group))  # survives the guards' copies
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, HaloContext) and other.key == self.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
 
     @property
     def n_owned(self) -> int:
@@ -51,6 +64,24 @@ class HaloContext:
     @property
     def n_padded(self) -> int:
         return self.plan.n_padded
+
+    def local_counts(self) -> list[tuple[float, str]]:
+        """This rank's row counts and their ratios that differ from the whole system's
+        (NOTE [aten counts]); counts of 8 rows or fewer are left out (small constants)."""
+        if "counts" not in self._global:
+            atoms, edges = self.global_count("atoms"), self.global_count("edges")
+            local = {"the atom rows (owned + ghost)": (self.n_padded, atoms), "the owned atoms": (self.n_owned, atoms),
+                     "the edges": (self.n_edges, edges)}
+            out = []
+            for name, (n, total) in local.items():
+                for shift in (0, -1):
+                    if n + shift > 8 and n + shift != total + shift:
+                        out.append((float(n + shift), f"the number of {name}" + (" minus one" if shift else "")))
+            for (a, (na, ta)), (b, (nb, tb)) in [(x, y) for x in local.items() for y in local.items() if x != y]:
+                if na and nb and abs(na / nb - ta / tb) > 1e-12 * abs(ta / tb):
+                    out.append((na / nb, f"the ratio of {a} to {b}"))
+            self._global["counts"] = out
+        return self._global["counts"]
 
     def global_count(self, what: str) -> int:
         """Atoms or edges over all ranks (one all_reduce the first time; every rank asks
@@ -83,14 +114,28 @@ class ShardTensor(torch.Tensor):
     def placement(self):
         return self._place
 
-    # torch.compile: the local tensor is the inner tensor, the rest is static metadata
+    # torch.compile: the local tensor is the inner tensor; placement and context are static
+    # metadata (the origin, for messages only, is left out: it would split guards)
     def __tensor_flatten__(self):
-        return ["_local"], (self._place, self._ctx, self._origin)
+        return ["_local"], (self._place, self._ctx)
 
     @staticmethod
     def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
-        place, ctx, origin = meta
-        return ShardTensor(inner["_local"], place, ctx, origin)
+        place, ctx = meta
+        return ShardTensor(inner["_local"], place, ctx, "compiled")
+
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+        """A gradient in the placement the compiled backward was traced for: the same
+        value in another representation (shares, owned rows, ghost copies)."""
+        place, ctx = expected_metadata
+        if place == self._place:
+            return self
+        if isinstance(place, Rows) and isinstance(self._place, Rows) and place.moved(self._place.dim) == self._place.as_kind(place.kind).moved(self._place.dim):
+            from mlipdd.shard.aten.rules import as_ghosted, as_owned, as_shares
+
+            convert = {SHARES: as_shares, OWNED: as_owned}.get(place.kind, as_ghosted)
+            return ShardTensor(convert(self), place, ctx, self._origin)
+        return None
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):

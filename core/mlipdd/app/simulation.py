@@ -9,6 +9,7 @@ the top layer: it uses the library (models, dynamics, distributed), nothing uses
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import io
 import sys
 import time
@@ -168,14 +169,21 @@ UNSET_DEFAULTS = {
 
 
 def build_model(cfg: RunConfig):
-    from mlipdd.plugins import create_model
+    from mlipdd.plugins import create_model, registry
 
     name = cfg.model or UNSET_DEFAULTS["model"]
     args = dict(cfg.model_args)
     if name == "lj":
         args = {**ARGON_LJ, **args}
+    # a factory that takes device/dtype builds there (mace converts to cuEquivariance on the
+    # GPU it will run on; aimnet2 keeps its float64 shifts); the rest are moved after
+    device, dtype = cfg.resolved_device(), DTYPES[cfg.dtype]
+    takes = inspect.signature(registry().models[name].factory).parameters if name in registry().models else {}
+    for key, value in (("device", str(device)), ("dtype", dtype)):
+        if key in takes and key not in args:
+            args[key] = value
     model = create_model(name, **args)
-    return model.to(device=cfg.resolved_device(), dtype=DTYPES[cfg.dtype])
+    return model.to(device=device, dtype=dtype)
 
 
 def build_structure(cfg: RunConfig) -> Batch:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from mlipdd import hookimpl
 
 
@@ -18,9 +20,21 @@ def make_mace_model(
     foundation: str | None = None,
     head: str | None = None,
     device: str = "cpu",
+    dtype: str | torch.dtype | None = None,
+    cueq: bool = False,
+    conv_fusion: bool | None = None,
+    chunk_atoms: int | None = None,
 ):
-    """Factory for model name ``"mace"``: exactly one of a model object, ``path=`` or ``foundation=``."""
+    """Factory for model name ``"mace"``: exactly one of a model object, ``path=`` or ``foundation=``.
+
+    ``cueq=True`` converts to cuEquivariance on ``device`` (``mlipdd run --device cuda
+    --model-arg cueq=true``), ``chunk_atoms`` evaluates a few thousand atoms at a time.
+    """
     from mlipdd_mace.wrapper import MACEWrapper
+
+    if isinstance(dtype, str):
+        dtype = {"float32": torch.float32, "float64": torch.float64}[dtype]
+    options = {"head": head, "dtype": dtype, "cueq": cueq, "conv_fusion": conv_fusion, "chunk_atoms": chunk_atoms}
 
     given = [
         name
@@ -33,14 +47,17 @@ def make_mace_model(
             f"foundation='medium-mpa-0' (got {', '.join(given) or 'none'})"
         )
     if path is not None:
-        return MACEWrapper.from_file(path, device=device, head=head)
-    if foundation is not None:
-        return MACEWrapper.from_foundation(foundation, device=device, head=head)
-    if isinstance(model, (str, Path)):
+        wrapper = MACEWrapper.from_file(path, device=device, **options)
+    elif foundation is not None:
+        wrapper = MACEWrapper.from_foundation(foundation, device=device, **options)
+    elif isinstance(model, (str, Path)):
         raise TypeError(
             f"got the string {str(model)!r} as a model; pass path= for a file or foundation= for a name"
         )
-    return MACEWrapper(model.to(device), head=head)
+    else:
+        model = model.to(device) if dtype is None else model.to(device=device, dtype=dtype)
+        wrapper = MACEWrapper(model, head=head, cueq=cueq, conv_fusion=conv_fusion, chunk_atoms=chunk_atoms)
+    return wrapper
 
 
 @hookimpl

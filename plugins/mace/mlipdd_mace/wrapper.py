@@ -167,6 +167,7 @@ class MACEWrapper(ModelWrapper):
     def from_foundation(
         cls, name: str = "medium-mpa-0", device: str | torch.device = "cpu", head: str | None = None,
         dtype: torch.dtype | None = None, cueq: bool = False, conv_fusion: bool | None = None,
+        chunk_atoms: int | None = None,
     ) -> MACEWrapper:
         """A pretrained foundation model by name, via mace's own downloader and cache.
 
@@ -177,7 +178,7 @@ class MACEWrapper(ModelWrapper):
 
         model = load_foundation(name, device=device)
         model = model if dtype is None else model.to(dtype)
-        return cls(model, head=head, cueq=cueq, conv_fusion=conv_fusion)
+        return cls(model, head=head, cueq=cueq, conv_fusion=conv_fusion, chunk_atoms=chunk_atoms)
 
     def to_cueq(self, conv_fusion: bool | None = None) -> MACEWrapper:
         """This wrapper's model converted to cuEquivariance (a new wrapper; same head and

@@ -163,3 +163,26 @@ def test_fused_convolution_distributed_equals_one_process(cueq_model, world_size
             assert relative_difference(per_rank[0]["energy"], refs[name]["energy"].detach()) < 1e-12, where
             assert relative_difference(forces, refs[name]["forces"].detach()) < 1e-10, where
             assert relative_difference(per_rank[0]["stress"], refs[name]["stress"].detach()) < 1e-10, where
+
+
+def test_cli_builds_cueq_mace_and_runs_md(tmp_path):
+    """`mlipdd run --model mace --model-arg cueq=true --model-arg chunk_atoms=N --dtype float32`:
+    the factory converts on the run's device and dtype; the run's MD takes the model."""
+    from ase.io import write
+
+    from mlipdd.app.simulation import RunConfig, build_model
+    from mlipdd.cli import main
+
+    e3nn_file = tmp_path / "e3nn.model"
+    torch.save(random_mace(**SMALL_CUEQ_ARCH), e3nn_file)
+    args = {"path": str(e3nn_file), "cueq": True, "chunk_atoms": 5}
+    built = build_model(RunConfig(model="mace", model_args=args, dtype="float32"))
+    assert built.cuequivariance and built.dtype == torch.float32 and built.chunk_atoms == 5
+    batch = small_cueq_systems()["small_cell"].to(dtype=torch.float32)
+    direct = MACEWrapper.from_file(e3nn_file, dtype=torch.float32, cueq=True)
+    _assert_same(built(batch.clone()), direct(batch.clone()), tol=1e-5)
+    structure = tmp_path / "hco.xyz"
+    write(structure, small_cueq_systems()["small_cell"].to_ase()[0])
+    assert main(["run", "--model", "mace", "--model-arg", f"path={e3nn_file}", "--model-arg", "cueq=true",
+                 "--system", str(structure), "--ensemble", "nve", "--steps", "3", "--dt", "0.2",
+                 "--dtype", "float32", "--log-every", "1"]) == 0

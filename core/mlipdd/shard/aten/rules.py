@@ -516,7 +516,7 @@ _ARITHMETIC = {aten.div, aten.div_, aten.mul, aten.mul_, aten.true_divide, aten.
 def refuse_local_counts(func, args, kwargs, ctx):
     numbers = [a for a in args[1:] if isinstance(a, (int, float)) and not isinstance(a, bool)]
     numbers += [float(a) for a in args[1:] if isinstance(a, torch.Tensor) and not isinstance(a, ShardTensor)
-                and a.dim() == 0 and a.device.type == "cpu" and a.is_floating_point()]
+                and a.dim() == 0 and a.device.type == "cpu" and a.dtype != torch.bool]
     if not numbers:
         return
     suspicious = ctx.local_counts()

@@ -79,7 +79,7 @@ class HaloContext:
                         out.append((float(n + shift), f"the number of {name}" + (" minus one" if shift else "")))
             for (a, (na, ta)), (b, (nb, tb)) in [(x, y) for x in local.items() for y in local.items() if x != y]:
                 if na and nb and abs(na / nb - ta / tb) > 1e-12 * abs(ta / tb):
-                    out.append((na / nb, f"the ratio of {a} to {b}"))
+                    out.append((na / nb, f"a ratio of {a} and {b}"))
             self._global["counts"] = out
         return self._global["counts"]
 

@@ -92,7 +92,7 @@ def test_bad_balance_settings_name_the_fix():
         DomainConfig(cutoff=3.0, balance="count", balance_every=0)
     with pytest.raises(InputError, match="balance_damping"):
         DomainConfig(cutoff=3.0, balance="time", balance_damping=0.0)
-    with pytest.raises(InputError, match="graph_partition splits atoms by count"):
+    with pytest.raises(InputError, match="owns atoms by them.*graph_partition does not: use strategy=.halo."):
         DomainConfig(cutoff=3.0, balance="count", strategy="graph_partition")
 
 

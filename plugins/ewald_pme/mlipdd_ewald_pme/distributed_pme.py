@@ -38,6 +38,7 @@ import torch
 from mlipdd.shard import ShardTensor, local, pad
 
 from mlipdd_ewald_pme.coulomb import COULOMB_EV_ANGSTROM
+from mlipdd_ewald_pme.pme import GREEN_CACHE
 from mlipdd_ewald_pme.slab_fft import AllToAll, SlabMesh, exchange_counts
 
 CHUNK = 1 << 15  # atoms per stencil block: 32k x 216 entries (order 6) ~ 110 MB in float64 with indices
@@ -192,7 +193,9 @@ def _system_potential(u, charges, mesh: SlabMesh, cell, alpha: float) -> torch.T
     virtual = _Spread.apply(u_here, q_here, top_here, mesh)
     slab = mesh.accumulate(virtual)
     spectrum = mesh.forward_fft(slab)
-    green = local_green_function(cell, mesh, alpha)
+    # NOTE [Green function cache] in pme: this rank's spectrum slab of it, kept while the cell is
+    key = ("slab", mesh.dims, mesh.order, mesh.world, mesh.rank, float(alpha))
+    green = GREEN_CACHE.get(key, cell, lambda: local_green_function(cell, mesh, alpha))
     potential = mesh.inverse_fft(green * spectrum)
     phi_here = _Gather.apply(u_here, mesh.fill(potential), top_here, mesh)
     phi = AllToAll.apply(phi_here.unsqueeze(1), recv, send, mesh.group).squeeze(1)

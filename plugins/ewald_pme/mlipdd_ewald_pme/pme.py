@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import OrderedDict
 
 import torch
 from mlipdd import Batch
@@ -58,8 +59,9 @@ def _save(ctx, inputs, output):
 def _backward(ctx, grad):
     mesh, green = ctx.saved_tensors
     # the kernel is real and even, so the convolution is its own adjoint
-    grad_mesh = _convolve(grad, green)
-    grad_green = (torch.fft.fftn(mesh) * torch.fft.fftn(grad).conj()).real
+    grad_mesh = _convolve(grad, green) if ctx.needs_input_grad[0] else None
+    # only a strained cell (stress) asks for the Green function's gradient: two FFTs saved otherwise
+    grad_green = (torch.fft.fftn(mesh) * torch.fft.fftn(grad).conj()).real if ctx.needs_input_grad[1] else None
     return grad_mesh, grad_green
 
 
@@ -354,6 +356,52 @@ def mesh_dimensions(cell: torch.Tensor, k_cutoff: float, spline_order: int,
     return dims
 
 
+# NOTE [Green function cache]. The Green function (the k-space kernel times the B-spline
+# deconvolution, one value per mesh point) depends on the cell, the mesh, alpha and the spline
+# order only, and building it costs several passes over the mesh (frequencies, a 3x3 product
+# per point, exp, sinc^p): about as much as the mesh's FFTs. Between the calls of an MD run or
+# an optimisation at fixed cell none of these change, so it is kept, keyed by the cell's exact
+# bytes (a reuse returns the very bits a fresh evaluation gives), the mesh, alpha, order, dtype,
+# device and, for the distributed mesh, this rank's spectrum slab. Not kept: when the cell
+# carries a gradient (stress: its graph must be built), for a cell that is not a plain tensor,
+# and under torch.compile or a CUDA-graph capture (reading the cell's bytes is a host copy).
+# Any change of the cell (NPT) is a new key; the oldest entries go first.
+
+
+class GreenCache:
+    """A few Green functions, reused while their key and the cell's bytes are unchanged."""
+
+    def __init__(self, size: int = 8):
+        self.enabled = True
+        self.size = size
+        self.entries: OrderedDict = OrderedDict()
+        self.hits = self.misses = 0
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.hits = self.misses = 0
+
+    def get(self, key: tuple, cell: torch.Tensor, compute) -> torch.Tensor:
+        if (not self.enabled or type(cell) is not torch.Tensor or (cell.requires_grad and torch.is_grad_enabled())
+                or torch.compiler.is_compiling()
+                or (cell.is_cuda and torch.cuda.is_current_stream_capturing())):
+            return compute()
+        full = (key, cell.dtype, str(cell.device), cell.detach().cpu().contiguous().numpy().tobytes())
+        found = self.entries.get(full)
+        if found is not None:
+            self.entries.move_to_end(full)
+            self.hits += 1
+            return found
+        self.misses += 1
+        found = self.entries[full] = compute()
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+        return found
+
+
+GREEN_CACHE = GreenCache()
+
+
 def green_function(cell: torch.Tensor, dims: tuple[int, int, int], alpha: float,
                    spline_order: int) -> torch.Tensor:
     """``k_e 4 pi / (V k^2) exp(-k^2 / 4 alpha^2)`` times the B-spline deconvolution, k = 0 removed.
@@ -388,7 +436,9 @@ def reciprocal_energies(batch: Batch, positions, cell, charges, alpha: float, sp
         q = charges * (batch.batch == system).to(charges.dtype) if batch.num_systems > 1 else charges
         cell_inv_t = torch.linalg.inv(cell[system]).T.unsqueeze(0).contiguous()
         mesh = spread(positions, q, cell_inv_t, list(system_dims), spline_order)
-        green = green_function(cell[system], system_dims, alpha, spline_order)
+        key = ("replicated", tuple(system_dims), float(alpha), int(spline_order))
+        green = GREEN_CACHE.get(key, cell[system],
+                                functools.partial(green_function, cell[system], system_dims, alpha, spline_order))
         potential = mesh_potential(mesh, green)
         at_atoms = gather(positions, potential, cell_inv_t, spline_order)
         energies = energies + 0.5 * q * at_atoms

@@ -88,7 +88,7 @@ def chunked_row(n, chunk_atoms, repeats, device):
     row = {"mode": f"mlipdd chunked ({chunk_atoms})", "atoms": batch.num_atoms}
     _release()
     try:
-        dm.strategy.prepare(owned)  # the neighbour list, to size the estimate
+        dm.prepare(owned)  # the decomposition stage: the neighbour list, to size the estimate
         n_edges = dm.strategy.state.neighbors.num_edges
         estimate = wrapper.memory_estimate(owned.num_atoms, n_edges)
         print(estimate["summary"], flush=True)

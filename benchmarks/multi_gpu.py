@@ -147,7 +147,7 @@ def timing(args, mgr):
     torch.cuda.reset_peak_memory_stats()
     times, status = [], "ok"  # status stays ok: an OOM returns early below
     try:
-        dm.strategy.prepare(owned)  # halo and neighbour list, to size the memory estimate
+        dm.prepare(owned)  # the decomposition stage: halo and neighbour list, to size the memory estimate
         if hasattr(model, "memory_estimate"):
             plan, nl = dm.strategy.state.plan, dm.strategy.state.neighbors
             print(f"rank {mgr.rank}: " + model.memory_estimate(plan.n_padded, nl.num_edges)["summary"], flush=True)

@@ -61,8 +61,9 @@ class EveryRankWhole(Strategy):
         self.static = box[0]
         return self.static.select_atoms(self.static.atom_ids % self.world_size == self.rank)
 
-    def prepare(self, batch: Batch) -> None:
-        """Collective: every rank's owned positions -> the whole system's, by atom id."""
+    def prepare(self, batch: Batch, rebuild: bool) -> None:
+        """Collective, every forward (nothing to rebuild): every rank's owned positions ->
+        the whole system's, by atom id."""
         parts = [None] * self.world_size
         mine = (batch.atom_ids, batch.positions.detach())
         if self.world_size > 1:

@@ -14,7 +14,16 @@ What it changes in the integrator, and why:
 * ``dynamics.reduce`` becomes a `DistributedReducer`, so kinetic energy, temperature
   and every other global sum of any integrator are all-reduced over the group;
 * hooks given here are scoped (see NOTE [hook scopes] in `mlipdd.distributed.hooks`);
-  hooks given to the integrator itself run on the owned atoms.
+  hooks given to the integrator itself run on the owned atoms;
+* the decomposition is a stage of its own (`DecompositionStage`, the first hook at
+  BEFORE_COMPUTE): one MD step is ::
+
+      BEFORE_STEP -> pre_update (kick, drift) -> AFTER_POSITIONS
+      -> BEFORE_COMPUTE: decomposition stage (inputs checked on every rank in one
+         all-reduce with the rebuild vote; at a rebuild atoms migrate and the halo plan
+         and local neighbour list are rebuilt), then the other BEFORE_COMPUTE hooks
+      -> force call (the model on this rank's rows; no checks or planning inside)
+      -> AFTER_COMPUTE -> post_update (kick) -> AFTER_STEP
 
 Every step runs inside `fail_together`: an exception on one rank stops every rank
 promptly with that rank's message, never a hang. The process group belongs to the
@@ -48,7 +57,22 @@ from mlipdd.distributed.hooks import (
 )
 from mlipdd.distributed.model import DistributedModel
 from mlipdd.distributed.reducer import DistributedReducer
-from mlipdd.dynamics.base import BaseDynamics
+from mlipdd.dynamics.base import BaseDynamics, DynamicsStage
+
+
+class DecompositionStage:
+    """The MD step's decomposition stage: `DistributedModel.prepare` on the owned batch,
+    every step and before the first force evaluation, on every rank (NOTE [decomposition
+    stage] in `mlipdd.distributed.model`)."""
+
+    stage = DynamicsStage.BEFORE_COMPUTE
+    frequency = 1
+
+    def __init__(self, model: DistributedModel):
+        self.model = model
+
+    def __call__(self, ctx, stage) -> None:
+        self.model.prepare(ctx.batch)
 
 
 class DomainParallel(OnGroup):
@@ -100,6 +124,7 @@ class DomainParallel(OnGroup):
         dynamics.model = distributed
         dynamics.reduce = DistributedReducer(group)
         dynamics.hooks = [h for h in dynamics.hooks if not isinstance(h, NeighborListHook)]
+        dynamics.add_hook(DecompositionStage(distributed), first=True)
         for hook in hooks:
             if isinstance(hook, tuple):
                 self.add_hook(*hook)

@@ -14,6 +14,7 @@ from torch import nn
 from mlipdd.comm import (
     agree_on_errors,
     check_together,
+    collective_device,
     fail_together,
     group_rank,
     group_size,
@@ -85,6 +86,8 @@ class DistributedModel(nn.Module):
         self.strategy.use_spec(self.spec)
         self.last_padded: Batch | None = None
         self._calls = 0  # NOTE [deferred checks]
+        self._check_now = True
+        self._prepared = None  # (batch, positions, version) the stage ran for: NOTE [decomposition stage]
         self._graphed: GraphedForceCall | None = None
         if config.cuda_graph:
             if self.strategy.world_size > 1:
@@ -164,19 +167,60 @@ class DistributedModel(nn.Module):
                 "said why); start a new process group and build a new DistributedModel to go on"
             )
 
+    def prepare(self, batch: Batch) -> None:
+        """The decomposition stage (collective): check this call's inputs on every rank,
+        then migrate and rebuild the halo plan when due; the next forward on the same
+        ``batch`` (positions untouched since) uses it. See NOTE [decomposition stage]."""
+        self._require_group()
+        with fail_together(self.group):
+            self._prepare(batch)
+
+    def _prepare(self, batch: Batch) -> None:
+        # NOTE [decomposition stage]
+        # Before a force call the inputs are checked and the strategy learns whether to
+        # rebuild, in ONE all-reduce of two flags: some rank's input is bad (the
+        # strategy's `check`, finite positions), some rank's rebuild is due (its
+        # `rebuild_due`). Only a bad input pays more: the ranks then agree on its message
+        # (`agree_on_errors`). `DomainParallel` runs this as its own stage of the MD step
+        # (BEFORE_COMPUTE, first), so migration and planning are not hidden in the force
+        # call and the AFTER_POSITIONS/BEFORE_COMPUTE hooks of the next stages see owned
+        # atoms; any other caller (the ASE calculator, validation) gets it from `forward`.
+        #
+        # NOTE [deferred checks]: a check read on the host stalls the device queue, so
+        # in the steady state finite positions in and finite outputs out are checked on
+        # the first call and every ``config.check_every`` calls. A NaN in MD does not go
+        # away (NaN forces make NaN positions, which stay NaN), so it is reported a few
+        # calls late, never lost; check_every=1 checks every call.
+        self._calls += 1
+        self._check_now = self._calls == 1 or self._calls % self.config.check_every == 0
+        error = None
+        try:
+            self.strategy.check(batch)
+            if self._check_now:
+                _check_positions(batch)
+        except Exception as exc:  # noqa: BLE001 - raised on every rank below
+            error = exc
+        due = error is None and bool(self.strategy.rebuild_due(batch))
+        failed, rebuild = any_of_ranks((error is not None, due), self.group)
+        if failed:
+            agree_on_errors(error, self.group)
+        self.strategy.prepare(batch, rebuild)
+        self._prepared = (batch, batch.positions, batch.positions._version)
+
+    def _prepared_for(self, batch: Batch) -> bool:
+        """Whether the decomposition stage ran for ``batch`` as it is now (the same
+        positions tensor, not written in place since)."""
+        token = self._prepared
+        return (token is not None and token[0] is batch and token[1] is batch.positions
+                and token[1]._version == token[2])
+
     def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
         self._require_group()
         with fail_together(self.group):
-            # NOTE [deferred checks]: a check read on the host stalls the device queue, so
-            # in the steady state the inputs and outputs are checked on the first call and
-            # every ``config.check_every`` calls. A NaN in MD does not go away (NaN forces
-            # make NaN positions, which stay NaN), so it is reported a few calls late,
-            # never lost; check_every=1 checks every call.
-            self._calls += 1
-            check_now = self._calls == 1 or self._calls % self.config.check_every == 0
-            if check_now:
-                check_together(_check_positions, batch, group=self.group)
-            self.strategy.prepare(batch)
+            if not self._prepared_for(batch):
+                self._prepare(batch)
+            self._prepared = None  # one stage serves one force call
+            check_now = self._check_now
             model_batch, meta = self.strategy.model_batch(batch, self.spec)
             self.last_padded = model_batch
             autograd_outputs = getattr(self.model.model_config, "autograd_outputs", frozenset())
@@ -233,6 +277,15 @@ class DistributedModel(nn.Module):
     def _call_model(self, model_batch: Batch, compute_stress: bool) -> dict:
         with installed(self.spec), activated(self.spec, row_ids=model_batch.atom_ids):
             return self.model(model_batch, compute_stress=compute_stress)
+
+
+def any_of_ranks(flags, group) -> list[bool]:
+    """Per flag, whether it is True on some rank: one all-reduce for all of them."""
+    if group_size(group) == 1:
+        return [bool(f) for f in flags]
+    t = torch.tensor([int(bool(f)) for f in flags], device=collective_device(group))
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=group)
+    return [bool(v) for v in t.tolist()]
 
 
 def _check_full_system(full: Batch | None, is_root: bool) -> None:

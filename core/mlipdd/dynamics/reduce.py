@@ -86,18 +86,6 @@ def temperature(
     return 2.0 * kinetic_energy(batch, reduce) / (dof * units.kB)
 
 
-def kinetic_stress(batch: Batch, reduce: GlobalReducer) -> torch.Tensor:
-    """Kinetic contribution sum_i m_i v_i (x) v_i / V per system, (n_systems, 3, 3), eV/A^3.
-
-    Sign convention: add it to the *negative* of the model's stress to get the pressure
-    tensor (the model's stress is dE/d(strain)/V).
-    """
-    mv = batch.atomic_masses.unsqueeze(-1) * batch.velocities
-    outer = mv.unsqueeze(-1) * batch.velocities.unsqueeze(-2)
-    volume = torch.linalg.det(batch.cell).abs().view(-1, 1, 1)
-    return system_sum(batch, outer, reduce) / volume
-
-
 def center_of_mass_velocity(batch: Batch, reduce: GlobalReducer) -> torch.Tensor:
     """Velocity of each system's centre of mass, (n_systems, 3)."""
     momentum = system_sum(batch, batch.atomic_masses.unsqueeze(-1) * batch.velocities, reduce)

@@ -5,14 +5,18 @@
     strategy = cls.from_config(config, group)     # once; cls.accepts(policy) checked first
     strategy.use_spec(spec)                        # once
     owned = strategy.partition(full_on_rank_0, device)
-    strategy.prepare(owned)                        # collective: rebuild / migrate when due
+    # per forward (the decomposition stage): one collective vote, then the agreed rebuild
+    strategy.check(owned); due = strategy.rebuild_due(owned)   # rank-local
+    strategy.prepare(owned, rebuild=<due on any rank>)          # collective: migrate, plan
     model_batch, meta = strategy.model_batch(owned, spec)   # rows laid out as layout(policy)
     with strategy.model_scope(meta):
         outputs = model(model_batch)
     result = strategy.consolidate(outputs, meta, spec, autograd_outputs)
 
-Under `DomainParallel`, ``prepare`` is its own stage of the MD step, before the force
-call (NOTE [decomposition stage] in `mlipdd.distributed.model`).
+The core reduces the rank-local answers (and its own finite-positions check) in one
+all-reduce per forward, so every rank takes the same decision (NOTE [decomposition
+stage] in `mlipdd.distributed.model`); under `DomainParallel` this is its own stage of
+the MD step, before the force call.
 
 # NOTE [a strategy is self-contained]
 Everything the rest of mlipdd needs to know about a strategy is on its class: which
@@ -78,10 +82,19 @@ class Strategy(OnGroup, abc.ABC):
     def partition(self, full: Batch | None, device=None) -> Batch:
         """Collective: rank 0's full batch (None elsewhere) -> this rank's owned batch."""
 
+    def check(self, batch: Batch) -> None:
+        """Rank-local, before every forward: raise `InputError` when ``batch`` is not one
+        this strategy can run (the core agrees on it over ranks; default: no check)."""
+
+    def rebuild_due(self, batch: Batch) -> bool:
+        """Rank-local, before every forward: whether this rank needs `prepare` to rebuild
+        (an atom moved too far, the cell changed, nothing built yet; default: never)."""
+        return False
+
     @abc.abstractmethod
-    def prepare(self, batch: Batch) -> None:
-        """Collective, before every forward: rebuild and migrate when due (the batch's
-        positions were checked finite on every rank first)."""
+    def prepare(self, batch: Batch, rebuild: bool) -> None:
+        """Collective, before every forward, with ``rebuild`` agreed by every rank (True when
+        some rank's `rebuild_due` said so): migrate and rebuild then, else keep the plan."""
 
     @abc.abstractmethod
     def model_batch(self, batch: Batch, spec) -> tuple[Batch, ShardMeta]:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mlipdd.comm import agree_on_errors, broadcast_object, check_together, compute_on_rank0
+from mlipdd.comm import agree_on_errors, broadcast_object, compute_on_rank0
 from mlipdd.data import Batch, InputError
 from mlipdd.shard import ExchangePlan, ShardMeta, local
 from mlipdd.shard.graph_partition import (
@@ -110,9 +110,12 @@ class GraphPartitionStrategy(Strategy):
         )
         return owned
 
-    def prepare(self, batch: Batch) -> None:
-        """Nothing to rebuild; only check (together) that this is the batch partition() gave."""
-        check_together(self._check_owned, batch, group=self.group)
+    def check(self, batch: Batch) -> None:
+        """Atoms never change owner: the batch must be the one partition() gave."""
+        self._check_owned(batch)
+
+    def prepare(self, batch: Batch, rebuild: bool) -> None:
+        """Nothing to rebuild (never due)."""
 
     def model_batch(self, batch: Batch, spec) -> tuple[Batch, ShardMeta]:
         """The FULL geometry (gathered positions, current cell) and the partition in a ShardMeta."""

@@ -157,8 +157,3 @@ def halo_targets(frac: torch.Tensor, frac_width: torch.Tensor, periodic: torch.T
         cell = torch.cat([cell[rows], c[opt, None]], dim=1)
     return atom, shift, grid.rank_of(cell)
 
-
-def all_grids(world_size: int):
-    """Every rank grid for ``world_size`` ranks (for tests and property checks)."""
-    return [RankGrid(d) for d in _factorisations(world_size)]
-

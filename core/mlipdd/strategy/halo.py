@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from mlipdd.comm import OnGroup, any_rank, check_together, compute_on_rank0, scatter_objects
+from mlipdd.comm import OnGroup, check_together, compute_on_rank0, scatter_objects
 from mlipdd.data import NODE_FIELDS, Batch, InputError, fractional
 from mlipdd.neighbors import NeighborList, build_neighbor_list, strained_list_invalid
 from mlipdd.shard import ShardMeta, ShardTensor, halo_accumulate
@@ -88,14 +88,13 @@ class HaloPlanner(OnGroup):
         return cls(config.halo_width, config.grid, group, cutoff=config.cutoff, skin=config.skin,
                    balance=LoadBalance.from_config(config, group))
 
-    def prepare(self, batch: Batch, state) -> HaloState | None:
-        """Collective: at a rebuild (decided by all ranks), validate, migrate and build the
-        halo; returns the new state, or None when ``state`` (the caller's current one, a
-        `HaloState` or any state with its rebuild fields; None: none yet) still holds.
+    def prepare(self, batch: Batch, rebuild: bool) -> HaloState | None:
+        """Collective: at a rebuild (``rebuild``: agreed by all ranks from `needs_rebuild`),
+        validate, migrate and build the halo; returns the new state, or None without one.
 
         The planner keeps no state itself, so a strategy that rewrites the plan (sharded
         storage) does not keep the halo's ghost data alive."""
-        if not any_rank(self.needs_rebuild(batch, state), self.group):
+        if not rebuild:
             return None
         check_together(check_domain_inputs, batch, group=self.group)
         self.grid = self.balance.at_rebuild(self.grid_for(batch.cell), wrapped_fractional(batch))
@@ -207,7 +206,8 @@ class HaloPlanner(OnGroup):
         return pad(owned, state.plan, shift)
 
     def needs_rebuild(self, batch: Batch, state) -> bool:
-        """Rank-local answer; reduced across ranks by the caller."""
+        """Rank-local answer (``state``: the caller's current one, a `HaloState` or any
+        state with its rebuild fields; None: none yet); reduced across ranks by the core."""
         skin = self.skin
         if state is None or batch.num_atoms != state.plan.n_owned:
             return True
@@ -260,6 +260,9 @@ class SpatialStrategy(Strategy):
         self.state = None
         return self.halo.partition(full, device)
 
+    def rebuild_due(self, batch: Batch) -> bool:
+        return self.halo.needs_rebuild(batch, self.state)
+
 
 class HaloStrategy(SpatialStrategy):
     """``"halo"``: the model sees ``[owned | ghost]`` rows (module docstring)."""
@@ -277,8 +280,8 @@ class HaloStrategy(SpatialStrategy):
         return Halo(correct_scatters=not policy.is_local() and policy.scatter == "halo_correction",
                     reduce_systems=policy.system_reductions)
 
-    def prepare(self, batch: Batch) -> None:
-        self.state = self.halo.prepare(batch, self.state) or self.state
+    def prepare(self, batch: Batch, rebuild: bool) -> None:
+        self.state = self.halo.prepare(batch, rebuild) or self.state
 
     def use_spec(self, spec) -> None:
         policy = spec.distribution.policy

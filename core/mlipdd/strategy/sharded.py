@@ -73,9 +73,9 @@ class ShardedStrategy(SpatialStrategy):
                            reduce_systems=policy.system_reductions)
         return Sharded(reduce_systems=policy.system_reductions)
 
-    def prepare(self, batch: Batch) -> None:
+    def prepare(self, batch: Batch, rebuild: bool) -> None:
         """Collective: when the halo plan is rebuilt, rewrite it over owned rows."""
-        halo = self.halo.prepare(batch, self.state)
+        halo = self.halo.prepare(batch, rebuild)
         if halo is not None:
             self.state = shard_halo(halo, batch, self.rank, self.group)
 

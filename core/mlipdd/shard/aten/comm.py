@@ -16,10 +16,14 @@ from mlipdd.comm import group_size
 from mlipdd.shard.exchange import _send_forward, _send_reverse
 
 
-def _rows_first(fn, local: torch.Tensor, dim: int, *args) -> torch.Tensor:
+def _rows_first(fn, local: torch.Tensor, dim: int, plan, group: int = 1) -> torch.Tensor:
+    """``fn`` on the rows moved to dim 0 (rows merged with ``group`` entries each: split)."""
+    if group != 1:
+        split = local.unflatten(dim, (local.shape[dim] // group, group))
+        return _rows_first(fn, split, dim, plan).flatten(dim, dim + 1)
     if dim == 0:
-        return fn(local, *args)
-    return fn(local.movedim(dim, 0), *args).movedim(0, dim)
+        return fn(local, plan)
+    return fn(local.movedim(dim, 0), plan).movedim(0, dim)
 
 
 def _accumulate(local, plan):
@@ -37,19 +41,19 @@ def _zero_ghosts(local, plan):
     return torch.cat([local[: plan.n_owned], torch.zeros_like(local[plan.n_owned :])])
 
 
-def accumulate(local: torch.Tensor, dim: int, plan) -> torch.Tensor:
+def accumulate(local: torch.Tensor, dim: int, plan, group: int = 1) -> torch.Tensor:
     """SHARES -> owned rows complete, ghost rows zero (valid as OWNED and as SHARES)."""
-    return _rows_first(_accumulate, local, dim, plan)
+    return _rows_first(_accumulate, local, dim, plan, group)
 
 
-def fill(local: torch.Tensor, dim: int, plan) -> torch.Tensor:
+def fill(local: torch.Tensor, dim: int, plan, group: int = 1) -> torch.Tensor:
     """OWNED -> GHOSTED: every ghost row becomes its owner's row."""
-    return _rows_first(_fill, local, dim, plan)
+    return _rows_first(_fill, local, dim, plan, group)
 
 
-def zero_ghosts(local: torch.Tensor, dim: int, plan) -> torch.Tensor:
+def zero_ghosts(local: torch.Tensor, dim: int, plan, group: int = 1) -> torch.Tensor:
     """GHOSTED/OWNED -> SHARES: the ghost rows' share is nothing."""
-    return _rows_first(_zero_ghosts, local, dim, plan)
+    return _rows_first(_zero_ghosts, local, dim, plan, group)
 
 
 def all_reduce(local: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:

@@ -101,6 +101,16 @@ def index(func, args, kwargs):
     x, indices = args[0], list(args[1])
     given = [(k, i) for k, i in enumerate(indices) if i is not None]
     xp = rows_of(x)
+    if len(given) == 2 and xp is not None and xp.dim == 0 and given[0][0] == 0 and _is_arange_of_rows(given[0][1], x):
+        # x[torch.arange(n), j]: one entry of each row (a per-row column pick): row-local
+        k, j = given[1]
+        jp = rows_of(j)
+        if jp is not None and (jp.dim != 0 or jp.is_atoms() != xp.is_atoms() or jp.kind == SHARES):
+            refuse(func, args, kwargs, "a per-row pick by an index of other rows")
+        local = as_owned(x) if xp.kind == SHARES else x._local
+        kind = "atoms-owned" if xp.kind == SHARES else xp.kind
+        out = func(local, [given[0][1]] + [None] * (k - 1) + [unwrap(j)])
+        return finish(func, args, out, xp.as_kind(kind).plain_values(), x._ctx)
     if len(given) != 1:
         if xp is None and not any(rows_of(i) for _, i in given):
             return _rep(func, args, kwargs)
@@ -124,6 +134,13 @@ def index(func, args, kwargs):
     if xp is None:  # a table read by a multi-dimensional index: its rows stay where the index has them
         return finish(func, args, op(unwrap(x), idx._local), Rows(k + ip.dim, ip.kind), idx._ctx)
     refuse(func, args, kwargs, "a multi-dimensional index into distributed rows")
+
+
+def _is_arange_of_rows(i, x) -> bool:
+    """A plain 0..n-1 over all of x's rows (one value read)."""
+    if isinstance(i, ShardTensor) or i.dim() != 1 or i.shape[0] != x.shape[0] or i.dtype == torch.bool:
+        return False
+    return bool(torch.equal(i, torch.arange(x.shape[0], device=i.device, dtype=i.dtype)))
 
 
 def _rep(func, args, kwargs):
@@ -370,10 +387,18 @@ def bincount(func, args, kwargs):
     xp = rows_of(x)
     weights = args[1] if len(args) > 1 else kwargs.get("weights")
     minlength = args[2] if len(args) > 2 else kwargs.get("minlength", 0)
-    if xp is None or xp.values == "atoms" or xp.dim != 0:
-        refuse(func, args, kwargs, "bincount of atom row numbers (a degree per atom) counts this rank's rows",
-               "count per atom with index_add of ones by the edge index (torch.zeros_like(x).index_add(0, receiver, ones))")
+    if xp is None or xp.dim != 0:
+        refuse(func, args, kwargs, "bincount of a plain tensor next to distributed rows")
     ctx = x._ctx
+    if xp.values == "atoms":  # a count per atom (a degree): this rank's share of every atom row
+        if minlength > ctx.n_padded:
+            refuse(func, args, kwargs, f"bincount(minlength={minlength}) of atom rows, more than this rank's "
+                   f"{ctx.n_padded} atom rows", "give minlength=x.shape[0] of the atom rows, or none")
+        w = unwrap(weights) if weights is not None else torch.ones((), dtype=torch.long).expand(x.shape)
+        if weights is not None and rows_of(weights) and rows_of(weights).kind == SHARES:
+            refuse(func, args, kwargs, "bincount weighted by shares of atom rows")
+        base = torch.zeros(ctx.n_padded, dtype=w.dtype if weights is not None else torch.long, device=x.device)
+        return finish(func, args, base.index_add(0, x._local, w), Rows(0, SHARES), ctx)
     i = valid_rows(x._local, xp.as_kind("atoms-owned") if xp.is_atoms() else xp, ctx)
     w = None
     if weights is not None:

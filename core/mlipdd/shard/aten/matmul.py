@@ -26,8 +26,8 @@ def _factor_local(x):
 def _contract_rows(func, a, b, args, kwargs):
     """Both operands hold the same rows along the contracted dim: sum over them."""
     pa, pb = a._place, b._place
-    if pa.is_atoms() != pb.is_atoms():
-        refuse(func, args, kwargs, "it contracts atom rows with edge rows")
+    if pa.is_atoms() != pb.is_atoms() or pa.group != pb.group:
+        refuse(func, args, kwargs, "it contracts rows of different kinds (atoms and edges, or merged differently)")
     ctx = a._ctx
     if pa.is_atoms():
         if pa.kind == SHARES and pb.kind == GHOSTED:
@@ -50,10 +50,10 @@ def mm(func, args, kwargs):
         if pa.dim == 1 and pb.dim == 0:
             return _contract_rows(func, a, b, args, kwargs)
         refuse(func, args, kwargs, "both factors hold rows, not along the contracted dimension")
-    if pa and pa.dim == 0 and pa.group == 1:
+    if pa and pa.dim == 0:  # rows (merged with trailing dims or not) times features
         return finish(func, args, func(_one_factor(a), unwrap(b)), _row_place(pa), a._ctx)
-    if pb and pb.dim == 1 and pb.group == 1:
-        return finish(func, args, func(unwrap(a), _one_factor(b)), Rows(1, _kind(pb)), b._ctx)
+    if pb and pb.dim == 1:
+        return finish(func, args, func(unwrap(a), _one_factor(b)), Rows(1, _kind(pb), pb.group), b._ctx)
     refuse(func, args, kwargs, "a matrix product over the rows of one factor only (a replicated factor would be "
            "indexed by this rank's rows)")
 
@@ -67,7 +67,7 @@ def _kind(p):
 
 
 def _row_place(p):
-    return Rows(0, p.kind)
+    return Rows(0, p.kind, p.group)
 
 
 @rule(aten.addmm.default)
@@ -75,9 +75,9 @@ def addmm(func, args, kwargs):
     bias, a, b = args[0], args[1], args[2]
     pa = rows_of(a)
     if pa and pa.dim == 0 and not rows_of(b) and not rows_of(bias) and pa.kind != SHARES:
-        return finish(func, args, func(unwrap(bias), a._local, unwrap(b), **kwargs), Rows(0, pa.kind), a._ctx)
+        return finish(func, args, func(unwrap(bias), a._local, unwrap(b), **kwargs), Rows(0, pa.kind, pa.group), a._ctx)
     if pa and pa.kind == SHARES and not rows_of(b) and not rows_of(bias):
-        return finish(func, args, func(unwrap(bias), as_owned(a), unwrap(b), **kwargs), Rows(0, OWNED), a._ctx)
+        return finish(func, args, func(unwrap(bias), as_owned(a), unwrap(b), **kwargs), Rows(0, OWNED, pa.group), a._ctx)
     refuse(func, args, kwargs, "a biased product whose rows are not the first factor's")
 
 
@@ -111,8 +111,8 @@ def bmm(func, args, kwargs):
 def mv(func, args, kwargs):
     a, v = args[0], args[1]
     pa, pv = rows_of(a), rows_of(v)
-    if pa and not pv and pa.dim == 0 and pa.group == 1:
-        return finish(func, args, func(a._local, unwrap(v)), Rows(0, pa.kind), a._ctx)
+    if pa and not pv and pa.dim == 0:
+        return finish(func, args, func(a._local, unwrap(v)), Rows(0, pa.kind, pa.group), a._ctx)
     if pa and pv and pa.dim == 1 and pv.dim == 0:
         return _contract_rows(func, a, v, args, kwargs)
     refuse(func, args, kwargs, "a matrix-vector product over the rows of one factor only")

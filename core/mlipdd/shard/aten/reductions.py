@@ -46,10 +46,12 @@ def _over_rows(func, args, kwargs, local, op):
     return finish(func, args, comm.all_reduce(part, x._ctx.group, reduce_op), REPLICATE, x._ctx)
 
 
-_KIND = {aten.sum: "sum", aten.amax: "max", aten.amin: "min", aten.linalg_vector_norm: "sum"}
+_KIND = {aten.sum: "sum", aten.amax: "max", aten.amin: "min", aten.max: "max", aten.min: "min",
+         aten.linalg_vector_norm: "sum"}
 
 
-@rule(aten.sum.dim_IntList, aten.sum.default, aten.amax.default, aten.amin.default)
+@rule(aten.sum.dim_IntList, aten.sum.default, aten.amax.default, aten.amin.default, aten.max.default,
+      aten.min.default)
 def sum_like(func, args, kwargs):
     x = args[0]
     p = x._place
@@ -91,8 +93,7 @@ def vector_norm(func, args, kwargs):
       aten.std_mean.correction, aten.prod.dim_int, aten.prod.default, aten.cumsum.default, aten.cumprod.default,
       aten.logsumexp.default, aten._softmax.default, aten._log_softmax.default, aten.argmax.default,
       aten.argmin.default, aten.max.dim, aten.min.dim, aten.median.dim, aten.count_nonzero.dim_IntList, aten.nansum.default,
-      aten._softmax_backward_data.default, aten._log_softmax_backward_data.default, aten.max.default,
-      aten.min.default)
+      aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
 def other_reduction(func, args, kwargs):
     """Row-local along the other dims; refused over the rows (NOTE [aten reductions])."""
     x = args[0]
@@ -141,3 +142,39 @@ def any_all(func, args, kwargs):
     part = func(rows, *args[1:], **kwargs).to(torch.uint8)
     op = dist.ReduceOp.MAX if func.overloadpacket is aten.any else dist.ReduceOp.MIN
     return finish(func, args, comm.all_reduce(part, x._ctx.group, op).bool(), REPLICATE, x._ctx)
+
+
+@rule(aten.native_layer_norm.default)
+def layer_norm(func, args, kwargs):
+    """Normalisation over trailing feature dims: row-local (its mean and rstd per row)."""
+    x, shape = args[0], args[1]
+    p = x._place
+    if p.dim >= x.dim() - len(shape):
+        refuse(func, args, kwargs, "a layer norm over the row dimension", "normalise over features only")
+    local = as_owned(x) if p.kind == SHARES else x._local
+    kind = "atoms-owned" if p.kind == SHARES else p.kind
+    out = func(local, *[a._local if isinstance(a, ShardTensor) else a for a in args[1:]], **kwargs)
+    place = p.as_kind(kind).plain_values()
+    return tuple(ShardTensor(o, place, x._ctx, "aten::native_layer_norm") for o in out)
+
+
+@rule(aten.native_layer_norm_backward.default)
+def layer_norm_backward(func, args, kwargs):
+    """The input's gradient per row; the weight's and bias's gradients are sums over the
+    rows that count once, all-reduced."""
+    grad, x, shape, mean, rstd, weight, bias, mask = args
+    gp, xp = grad._place, x._place
+    ctx = x._ctx
+    plain = [a._local if isinstance(a, ShardTensor) else a for a in args[:-1]]
+    g_local = as_owned(grad) if gp.kind == SHARES else grad._local
+    plain[0] = g_local
+    grad_input, _, _ = func(*plain, [mask[0], False, False])
+    rows = [valid_rows(t, xp.as_kind("atoms-owned") if xp.is_atoms() else xp, ctx) if t is not None else None
+            for t in (plain[0], plain[1], plain[3], plain[4])]
+    _, grad_weight, grad_bias = func(rows[0], rows[1], shape, rows[2], rows[3], plain[5], plain[6],
+                                     [False, mask[1], mask[2]])
+    place = xp.as_kind("atoms-owned" if xp.kind == SHARES else xp.kind).plain_values()
+    out_in = ShardTensor(grad_input, place, ctx, "aten::native_layer_norm_backward") if grad_input is not None else None
+    reps = [ShardTensor(comm.all_reduce(g, ctx.group), REPLICATE, ctx, "aten::native_layer_norm_backward")
+            if g is not None else None for g in (grad_weight, grad_bias)]
+    return (out_in, *reps)

@@ -18,7 +18,6 @@ import math
 
 import torch
 import torch.distributed as dist
-from torch.utils._pytree import tree_flatten, tree_map
 
 from mlipdd.shard.aten import comm
 from mlipdd.shard.aten.placement import EDGES, GHOSTED, OWNED, REPLICATE, SHARES, Replicate, Rows
@@ -43,9 +42,31 @@ def op_name(func) -> str:
 
 
 # ---- helpers -----------------------------------------------------------------------------
+def flat_args(args, kwargs):
+    """The call's arguments, list and tuple arguments opened (aten schemas nest no deeper);
+    a plain loop: pytree costs more than most rules."""
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            yield from a
+        else:
+            yield a
+    for a in kwargs.values():
+        if isinstance(a, (list, tuple)):
+            yield from a
+        else:
+            yield a
+
+
 def shards(args, kwargs):
-    flat, _ = tree_flatten((args, kwargs))
-    return [a for a in flat if isinstance(a, ShardTensor)]
+    return [a for a in flat_args(args, kwargs) if isinstance(a, ShardTensor)]
+
+
+def _unwrap_arg(a):
+    if isinstance(a, ShardTensor):
+        return a._local
+    if isinstance(a, (list, tuple)):
+        return type(a)(x._local if isinstance(x, ShardTensor) else x for x in a)
+    return a
 
 
 def rows_of(x):
@@ -61,7 +82,7 @@ def is_inplace(func) -> bool:
 
 
 def refuse(func, args, kwargs, why: str, fix: str = ""):
-    tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+    tensors = [a for a in flat_args(args, kwargs) if isinstance(a, torch.Tensor)]
     described = []
     for t in tensors[:4]:
         if isinstance(t, ShardTensor):
@@ -105,7 +126,7 @@ def finish(func, args, out_local, place, ctx):
 
 
 def run_local(func, args, kwargs):
-    return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+    return func(*[_unwrap_arg(a) for a in args], **{k: _unwrap_arg(v) for k, v in kwargs.items()})
 
 
 # ---- the representation changes (each a halo exchange or a copy) --------------------------
@@ -116,14 +137,14 @@ def as_ghosted(x: ShardTensor) -> torch.Tensor:
     if p.kind == GHOSTED:
         return local
     if p.kind == SHARES:
-        local = comm.accumulate(local, p.dim, x._ctx.plan)
-    return comm.fill(local, p.dim, x._ctx.plan)
+        local = comm.accumulate(local, p.dim, x._ctx.plan, p.group)
+    return comm.fill(local, p.dim, x._ctx.plan, p.group)
 
 
 def as_owned(x: ShardTensor) -> torch.Tensor:
     p = x._place
     if p.kind == SHARES:
-        return comm.accumulate(x._local, p.dim, x._ctx.plan)
+        return comm.accumulate(x._local, p.dim, x._ctx.plan, p.group)
     return x._local
 
 
@@ -131,7 +152,7 @@ def as_shares(x: ShardTensor) -> torch.Tensor:
     p = x._place
     if p.kind == SHARES:
         return x._local
-    return comm.zero_ghosts(x._local, p.dim, x._ctx.plan)
+    return comm.zero_ghosts(x._local, p.dim, x._ctx.plan, p.group)
 
 
 def valid_rows(local: torch.Tensor, place: Rows, ctx) -> torch.Tensor:
@@ -143,9 +164,15 @@ def valid_rows(local: torch.Tensor, place: Rows, ctx) -> torch.Tensor:
 
 
 def uniform_along(t, dim: int) -> bool:
-    """A replicated/plain operand that cannot differ between rows along ``dim``: absent,
-    size 1, or expanded (stride 0) there."""
-    return dim < 0 or t.shape[dim] == 1 or t.stride(dim) == 0
+    """A replicated/plain operand that does not differ between rows along ``dim``: absent,
+    size 1, expanded (stride 0) there, or (one read of the values) equal along it, as a
+    ``torch.zeros(n, F)`` of this rank's row count is: its ghost rows then equal their
+    owners' rows, whatever the values. One with row-dependent values (``torch.arange(n)``)
+    is refused by the caller."""
+    if dim < 0 or t.shape[dim] <= 1 or t.stride(dim) == 0:
+        return True
+    local = unwrap(t)
+    return bool((local == local.narrow(dim, 0, 1)).all())
 
 
 # ---- dispatch ---------------------------------------------------------------------------
@@ -178,7 +205,8 @@ def _replicated(func, args, kwargs):
 def row_local(func, args, kwargs):
     """Operands aligned on one row dimension (broadcast like torch), one kind of rows;
     shares summed first unless the op is linear in them."""
-    tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+    original = args
+    tensors = [a for a in flat_args(args, kwargs) if isinstance(a, torch.Tensor)]
     ndim = max(t.dim() for t in tensors)
     rows = [t for t in tensors if rows_of(t)]
     ctx = rows[0]._ctx
@@ -217,15 +245,21 @@ def row_local(func, args, kwargs):
             fresh = convert(args[0])
             if fresh is not args[0]._local:
                 args[0]._local.copy_(fresh)
-        args = tree_map(lambda a: _Converted(convert(a)) if rows_of(a) and not (is_inplace(func) and a is args[0])
-                        else a, args)
-        kwargs = tree_map(lambda a: _Converted(convert(a)) if rows_of(a) else a, kwargs)
-    out = run_local(func, tree_map(_plain, args), tree_map(_plain, kwargs))
+        skip = args[0] if is_inplace(func) else None
+
+        def conv(a):
+            if isinstance(a, (list, tuple)):
+                return type(a)(conv(x) for x in a)
+            return convert(a) if a is not skip and rows_of(a) else a
+
+        args = [conv(a) for a in args]
+        kwargs = {k: conv(v) for k, v in kwargs.items()}
+    out = run_local(func, args, kwargs)
     values = first.values if func.overloadpacket in COPIES else None
     place = Rows(out_dim, kind, first.group, values)
     if isinstance(out, torch.Tensor) and out.dim() != ndim:  # an op that reduced (rare in the table)
         refuse(func, args, kwargs, "its result does not keep the operands' dimensions")
-    return finish(func, args, out, place, ctx)
+    return finish(func, original, out, place, ctx)
 
 
 class _Converted:
@@ -486,8 +520,8 @@ def unique(func, args, kwargs):
     p = x._place
     inverse = args[2] if len(args) > 2 else kwargs.get("return_inverse", False)
     counts = args[3] if len(args) > 3 else kwargs.get("return_counts", False)
-    if inverse or counts or x.dim() != 1:
-        refuse(func, args, kwargs, "unique with inverse indices or counts describes this rank's rows",
+    if counts or x.dim() != 1 or p.values == "atoms":
+        refuse(func, args, kwargs, "unique with counts (or of atom row numbers) describes this rank's rows",
                "count with index_add / bincount by the values, a sum over the rows")
     mine = torch.unique(valid_rows(x._local, p.as_kind(OWNED) if p.is_atoms() else p, x._ctx))
     group = x._ctx.group
@@ -499,8 +533,14 @@ def unique(func, args, kwargs):
         parts = [torch.empty_like(padded) for _ in sizes]
         dist.all_gather(parts, padded, group=group)
         mine = torch.unique(torch.cat([part[: int(n)] for part, n in zip(parts, sizes)]))
-    out = (mine, mine.new_empty(0), mine.new_empty(0)) if func is aten._unique2.default else (mine, mine.new_empty(0))
-    return wrap_out(out, REPLICATE, x._ctx, "aten::unique")
+    # the inverse: each row's position among the distinct values of the whole system
+    inv = torch.searchsorted(mine, x._local) if inverse else mine.new_empty(0)
+    inv_place = Rows(p.dim, p.kind if p.kind != SHARES else OWNED) if inverse else REPLICATE
+    uniq = ShardTensor(mine, REPLICATE, x._ctx, "aten::unique")
+    inv = ShardTensor(inv, inv_place, x._ctx, "aten::unique")
+    if func is aten._unique2.default:
+        return uniq, inv, ShardTensor(mine.new_empty(0), REPLICATE, x._ctx, "aten::unique")
+    return uniq, inv
 
 
 # ---- sizes used as values ----------------------------------------------------------------
@@ -510,7 +550,7 @@ def unique(func, args, kwargs):
 # arithmetic ops check their number arguments against this rank's counts and simple
 # ratios of them, where those differ from the counts of the whole system; a match is
 # refused (never a silent answer: a coincidence costs a refusal, not a wrong number).
-_ARITHMETIC = {aten.div, aten.div_, aten.mul, aten.mul_, aten.true_divide, aten.reciprocal, aten.pow, aten.rsqrt}
+_ARITHMETIC = {aten.div, aten.div_, aten.mul, aten.mul_, aten.true_divide}
 
 
 def refuse_local_counts(func, args, kwargs, ctx):
@@ -519,9 +559,15 @@ def refuse_local_counts(func, args, kwargs, ctx):
                 and a.dim() == 0 and a.device.type == "cpu" and a.dtype != torch.bool]
     if not numbers:
         return
+    # constants that are plain fractions (0.5, 0.25, 1.5) are the model's, not a count's ratio
+    numbers = [x for x in numbers if float(x).is_integer() or not float(x * 8).is_integer()]
+    if not numbers:
+        return
     suspicious = ctx.local_counts()
     for number in numbers:
         for value, what in suspicious:
+            if float(number).is_integer() and not what.startswith("the number"):
+                continue  # an integer is checked against counts, not ratios
             if number != 0 and (math.isclose(number, value, rel_tol=1e-12) or math.isclose(number * value, 1.0, rel_tol=1e-12)):
                 refuse(func, args, kwargs, f"it multiplies or divides by {number!r}, which is {what} on this rank "
                        "(a size of the local rows used as a value: one process has another count)",

@@ -171,10 +171,10 @@ def _shares_local(grad, place, halo: HaloContext) -> torch.Tensor:
     gp, local = grad._place, grad._local
     if isinstance(place, Rows) and place.is_atoms():
         if isinstance(gp, Replicate):  # uniform over the rows (an expanded seed): owned rows only
-            return comm.zero_ghosts(local.contiguous(), place.dim, halo.plan)
+            return comm.zero_ghosts(local.contiguous(), place.dim, halo.plan, place.group)
         if gp.kind == SHARES:
             return local
-        return comm.zero_ghosts(local, gp.dim, halo.plan)
+        return comm.zero_ghosts(local, gp.dim, halo.plan, gp.group)
     return local
 
 
@@ -210,7 +210,7 @@ def owned_rows(x) -> torch.Tensor:
     place = x._place
     local = x._local
     if isinstance(place, Rows) and place.kind == SHARES:
-        local = comm.accumulate(local, place.dim, x._ctx.plan)
+        local = comm.accumulate(local, place.dim, x._ctx.plan, place.group)
     return local.narrow(place.dim, 0, x._ctx.n_owned)
 
 

@@ -147,14 +147,9 @@ def test_output_kind_parse_and_predicates():
 def test_transform_sides_and_docstrings():
     inputs = (GatherInputs(), GatherInputsFull(), SliceOwned())
     outputs = (ScatterOutputs(), AllReduceSum(), SliceOutputsOwned())
-    for t in inputs:
-        assert t.is_input() and not t.is_output()
-    for t in outputs:
-        assert t.is_output() and not t.is_input()
+    assert {t.side for t in inputs} == {"input"} and {t.side for t in outputs} == {"output"}
     for t in inputs + outputs:
-        doc = type(t).__doc__.lower()
-        assert ("input transform" in doc) == t.is_input()
-        assert ("output transform" in doc) == t.is_output()
+        assert f"{t.side} transform" in type(t).__doc__.lower()
     assert ScatterOutputs() == ScatterOutputs() and hash(SliceOwned()) == hash(SliceOwned())
 
 

@@ -29,23 +29,10 @@ from mlipdd import hookspecs
 from mlipdd.data import InputError
 from mlipdd.hookspecs import PROJECT_NAME, hookimpl
 
-__all__ = [
-    "AUTOLOAD_ENV_VAR",
-    "ENTRY_POINT_GROUP",
-    "ModelArgumentError",
-    "PluginError",
-    "UnknownNameError",
-    "create_model",
-    "get_plugin_manager",
-    "get_preset",
-    "get_strategy",
-    "hookimpl",
-    "register_plugin",
-    "registry",
-    "reset_registry",
-    "unregister_plugin",
-    "wrap_model",
-]
+__all__ = ["AUTOLOAD_ENV_VAR", "ENTRY_POINT_GROUP", "ModelArgumentError", "PluginError",
+           "UnknownNameError", "create_model", "get_plugin_manager", "get_preset", "get_strategy",
+           "hookimpl", "register_plugin", "registry", "reset_registry", "unregister_plugin",
+           "wrap_model"]
 
 ENTRY_POINT_GROUP = "mlipdd"
 AUTOLOAD_ENV_VAR = "MLIPDD_DISABLE_PLUGIN_AUTOLOAD"

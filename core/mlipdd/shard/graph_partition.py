@@ -44,21 +44,9 @@ import torch.distributed as dist
 from mlipdd.data import InputError
 from mlipdd.shard.exchange import all_reduce_sum
 
-__all__ = [
-    "NodePartition",
-    "PartitionScope",
-    "current_partition",
-    "gather_nodes",
-    "gather_rows",
-    "keep_owned_receivers",
-    "local_receivers",
-    "owned_rows",
-    "owned_slice",
-    "partition_scope",
-    "reduce_scatter_rows",
-    "scatter_to_owners",
-    "sum_over_ranks",
-]
+__all__ = ["NodePartition", "PartitionScope", "current_partition", "gather_nodes", "gather_rows",
+           "keep_owned_receivers", "local_receivers", "owned_rows", "owned_slice",
+           "partition_scope", "reduce_scatter_rows", "scatter_to_owners", "sum_over_ranks"]
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,6 @@ class Layout:
     def is_replicated(self) -> bool:
         return False
 
-    def is_graph_partition(self) -> bool:
-        return False
-
     def is_checked(self) -> bool:
         """Whether an op on rows of this layout without a rule is refused (NOTE [refuse by
         default] in `mlipdd.shard.propagation`). Graph partition holds every row on every
@@ -128,9 +125,6 @@ class GraphPartition(Layout):
     """Every row on every rank; the model keeps to its owned block (mlipdd.shard.graph_partition)."""
 
     reduce_systems: bool = True
-
-    def is_graph_partition(self) -> bool:
-        return True
 
     @property
     def system_reductions(self) -> bool:

@@ -17,14 +17,8 @@ from mlipdd.spec.policies import (
     ShardedStoragePolicy,
 )
 
-__all__ = [
-    "PRESETS",
-    "SPEC_LJ_HALO",
-    "SPEC_LOCAL",
-    "SPEC_MPNN_GP",
-    "SPEC_MPNN_HALO",
-    "SPEC_MPNN_SHARDED",
-]
+__all__ = ["PRESETS", "SPEC_LJ_HALO", "SPEC_LOCAL", "SPEC_MPNN_GP", "SPEC_MPNN_HALO",
+           "SPEC_MPNN_SHARDED"]
 
 # energy and stress are per system; forces and per-atom energies per atom. Stress from
 # the strain trick differentiates a replicated energy, so each rank holds a partial.

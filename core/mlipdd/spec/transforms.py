@@ -1,9 +1,8 @@
 """Transforms: what to do with one argument or one output at an opaque op's boundary.
 
-An ``OpAdapter`` maps argument / output positions to these markers; the shard layer
-interprets them around the op call (the op itself only ever sees plain tensors).
-Each marker says whether it shapes an *input* (``is_input()``) or an *output*
-(``is_output()``); an ``OpAdapter`` refuses one used on the wrong side.
+An ``OpAdapter`` maps argument / output positions to these markers, each for one
+``side`` (an ``OpAdapter`` refuses one used on the wrong side); `mlipdd.shard.custom_ops`
+interprets them around the op call, which only ever sees plain tensors.
 """
 
 from __future__ import annotations
@@ -11,27 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-__all__ = [
-    "TRANSFORM_TYPES",
-    "AllReduceSum",
-    "GatherInputs",
-    "GatherInputsFull",
-    "ScatterOutputs",
-    "SliceOutputsOwned",
-    "SliceOwned",
-    "Transform",
-]
+__all__ = ["TRANSFORM_TYPES", "AllReduceSum", "GatherInputs", "GatherInputsFull", "ScatterOutputs",
+           "SliceOutputsOwned", "SliceOwned", "Transform"]
 
 
 @dataclass(frozen=True)
 class _TransformBase:
     side: ClassVar[str] = ""  # "input" or "output"
-
-    def is_input(self) -> bool:
-        return self.side == "input"
-
-    def is_output(self) -> bool:
-        return self.side == "output"
 
 
 @dataclass(frozen=True)
@@ -87,14 +72,7 @@ Transform = (
 
 TRANSFORM_TYPES: dict[str, type[_TransformBase]] = {
     cls.__name__: cls
-    for cls in (
-        GatherInputs,
-        GatherInputsFull,
-        SliceOwned,
-        ScatterOutputs,
-        AllReduceSum,
-        SliceOutputsOwned,
-    )
+    for cls in (GatherInputs, GatherInputsFull, SliceOwned, ScatterOutputs, AllReduceSum, SliceOutputsOwned)
 }
 
 

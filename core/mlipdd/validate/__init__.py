@@ -14,15 +14,5 @@ from mlipdd.validate.report import Attempt, OutputDiff, ValidationReport
 from mlipdd.validate.runner import trace_and_validate
 from mlipdd.validate.translate import translate
 
-__all__ = [
-    "AUTOFIX_RULES",
-    "Attempt",
-    "OpTrace",
-    "OutputDiff",
-    "RankView",
-    "ValidationReport",
-    "default_sample",
-    "describe_change",
-    "trace_and_validate",
-    "translate",
-]
+__all__ = ["AUTOFIX_RULES", "Attempt", "OpTrace", "OutputDiff", "RankView", "ValidationReport",
+           "default_sample", "describe_change", "trace_and_validate", "translate"]

@@ -1,6 +1,9 @@
 """Row counts are sizes, never values (NOTE [counts are sizes]); scripted functions run
 under the dispatch (NOTE [scripted functions]). One process, ShardTensors built by hand."""
 
+import dataclasses
+import math
+
 import pytest
 import torch
 from mlipdd.shard import ExchangePlan, NoRuleError, ShardMeta, ShardTensor
@@ -56,6 +59,26 @@ def test_a_count_as_a_value_next_to_rows_is_refused_naming_its_origin(rows, spel
     h, e = rows
     with pytest.raises(NoRuleError, match=r"row count \(`Tensor\.(shape|size)` of (atom|edge) rows"):
         spell(h, e)
+
+
+@pytest.mark.parametrize("spell", [
+    lambda h, e: h / math.sqrt(h.shape[0]),  # 1/sqrt(N) normalisation
+    lambda h, e: h * float(e.shape[0] / h.shape[0]),
+    lambda h, e: torch.full_like(h, float(h.shape[0])),
+])
+def test_a_count_made_a_float_is_refused_naming_its_origin(rows, spell):
+    h, e = rows
+    with pytest.raises(NoRuleError, match=r"`float\(\)` \(or a math function\) uses the number .* row count"):
+        spell(h, e)
+
+
+def test_a_division_by_a_rank_without_atoms_is_refused_not_a_zero_division():
+    """A rank that owns no atom has a count of 0: the division is the count used as a value."""
+    meta = _meta(Sharded())
+    plan = dataclasses.replace(meta.plan, n_owned=0)
+    empty = ShardTensor.wrap(torch.rand(0, 5, dtype=torch.float64), dataclasses.replace(meta, plan=plan), ATOMS)
+    with pytest.raises(NoRuleError, match=r"division by zero.*row count \(`Tensor\.shape` of atom rows"):
+        N_EDGES / empty.shape[0]
 
 
 @torch.jit.script

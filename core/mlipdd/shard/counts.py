@@ -14,10 +14,11 @@ meets rows or a replicated value in an op that makes floating-point numbers
 exact alternatives. Integer arithmetic with it (``receiver * n + sender``: rank-local
 index structures) and every use as a size stay allowed.
 
-A count that leaves Python's arithmetic (``int(n)``, ``float(n)``, ``math.sqrt(n)``,
-``len(x)``, ``torch.tensor(n)``), or meets a float on its LEFT (``1.0 / n``, ``0.5 * n``:
-float's own operator answers without asking the int), is a plain number again;
-validation catches those.
+``float(n)`` and the math functions that take a float (``math.sqrt(n)``) are refused
+outright: a count made a float is a value. A count that leaves as an integer (``int(n)``,
+``len(x)``, ``torch.tensor(n)``, ``math.log(n)``, which reads an int's digits), or meets a
+float on its LEFT (``1.0 / n``, ``0.5 * n``: float's own operator answers without asking
+the int), is a plain number again; validation catches those.
 
 Under sharded storage the leading size of owned atom rows is a `RowCount`, a
 `LocalCount` that factories turn into owned rows (NOTE [row counts] in
@@ -62,7 +63,7 @@ class LocalRatio(float):
         return ratio
 
     def __reduce__(self):
-        return float, (float(self),)
+        return float, (float.__float__(self),)
 
 
 class RowCount(LocalCount):
@@ -101,7 +102,7 @@ def _keeps_origin(name: str, base: type, unary: bool = False):
                 count = other if type(other) in _COUNT_TYPES else self
                 raise count_refusal(f"Python's `{name}` (division by zero)", count) from None
             if result is NotImplemented and base is int and isinstance(other, float):
-                result = getattr(float, name)(float(self), other)  # n * 0.5: float's rule, kept tainted
+                result = getattr(float, name)(int.__float__(self), other)  # n * 0.5: float's rule, kept tainted
             if result is NotImplemented:
                 return result
             return _tainted(result, self.origin or getattr(other, "origin", None))
@@ -117,6 +118,14 @@ for _base, _cls in ((int, LocalCount), (float, LocalRatio)):
         setattr(_cls, _name, _keeps_origin(_name, _base))
     for _name in _UNARY:
         setattr(_cls, _name, _keeps_origin(_name, _base, unary=True))
+
+
+def _refused_float(self):
+    """``float(n)``, ``math.sqrt(n)``, ``math.exp(n)``: a count leaving for a float is a value."""
+    raise count_refusal("`float()` (or a math function)", self)
+
+
+LocalCount.__float__ = LocalRatio.__float__ = _refused_float
 
 
 # ---- where counts come from: the size of a rows dimension ------------------------------

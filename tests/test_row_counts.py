@@ -112,3 +112,15 @@ def test_a_scripted_module_called_on_rows_is_refused_by_name():
     with script_functions_dispatched(), pytest.raises(NoRuleError, match=r"TorchScript method `_Block.forward`"):
         block(h)
     assert torch.equal(block(h.local()), h.local() * 2)
+
+
+def test_an_op_that_fails_on_this_ranks_rows_stops_with_the_op_and_the_fix():
+    """NOTE [failed on this rank]: torch failing first (a rank with fewer rows than k, a view
+    that does not fit this rank's rows) must not hide the refusal the other ranks raise."""
+    h = ShardTensor.wrap(torch.rand(_meta(HALO).n_padded, 5, dtype=torch.float64), _meta(HALO), ATOMS)
+    with pytest.raises(NoRuleError, match=r"`torch\.topk` on atom rows .*no exact cross-rank rule") as info:
+        torch.topk(h[:, 0], 100)
+    assert isinstance(info.value.__cause__, RuntimeError)  # torch's own error stays attached
+    with pytest.raises(NoRuleError, match=r"`Tensor\.view` on atom rows .* failed on this rank \(RuntimeError: .*"
+                                          r"holds 4 of the system's atoms"):
+        h.view(4, 4)

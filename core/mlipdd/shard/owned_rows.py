@@ -40,7 +40,7 @@ import torch
 
 from mlipdd.shard.counts import RowCount
 from mlipdd.shard.placement import ATOMS
-from mlipdd.shard.propagation import NoRuleError
+from mlipdd.shard.propagation import NoRuleError, failed_on_rank
 from mlipdd.shard.tensor import PATCHED, ShardMeta, ShardTensor
 
 __all__ = ["RowCount", "UninferredRowsError", "owned_rows_scope"]
@@ -190,20 +190,6 @@ def _message(exc: BaseException, scope: _Scope) -> str:
     )
 
 
-def _failed_message(exc: BaseException, scope: _Scope) -> str:
-    read = _read_site(exc)
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return (
-        f"{exc.mlipdd_op} failed on this rank{f' at {read}' if read else ''} ({type(exc).__name__}: {first}): "
-        f"under sharded storage this rank holds {scope.meta.n_owned} of the system's atoms, one process all "
-        "of them, so a size, a k or an index that fits the whole system need not fit here (an empty "
-        "tensor on a rank that owns no atom, an index table built from this rank's edges pointing past "
-        "its rows). Write the step so that it holds for any number of rows (reduce over atoms with "
-        "sum/mean/amax/amin over dim 0 or a scatter; read neighbours as h[edge_index[0]] from tensors "
-        "derived from the inputs), or run the model under the halo or graph_partition strategy."
-    )
-
-
 @contextlib.contextmanager
 def owned_rows_scope(meta: ShardMeta) -> Iterator[None]:
     """Around a sharded forward: factories given a `RowCount` make owned rows, and a read
@@ -217,7 +203,8 @@ def owned_rows_scope(meta: ShardMeta) -> Iterator[None]:
         if _is_row_index_error(exc, scope):
             raise UninferredRowsError(_message(exc, scope)) from exc
         if getattr(exc, "mlipdd_op", None):  # NOTE [failed on this rank] in propagation
-            raise NoRuleError(_failed_message(exc, scope)) from exc
+            read = _read_site(exc)
+            raise NoRuleError(failed_on_rank(exc, scope.meta.n_owned, f" at {read}" if read else "")) from exc
         raise
     finally:
         _uninstall()

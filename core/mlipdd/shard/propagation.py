@@ -832,16 +832,34 @@ def explain_failure(func, args, kwargs, error: Exception) -> None:
     """NOTE [failed on this rank]: an op on rows can fail in torch on one rank before its
     refusal is reached (``topk(k)`` or ``max()`` on a rank that owns no atom, an index past
     this rank's rows), while the other ranks raise the refusal: each rank must stop with
-    the op and the fix. Raise the refusal the op would get, else tag ``error`` with the op
-    and its rows so `owned_rows_scope` can word it (the error itself is kept)."""
+    the op and the fix. Raise the refusal the op would get, else one naming the op, its
+    rows and the fix; under sharded storage ``error`` is only tagged with the op, and
+    `owned_rows_scope` words it after its own checks (a plain tensor read past the rows)."""
     with contextlib.suppress(AttributeError, TypeError, IndexError, ValueError):  # a rule reading the result
         try:
             output_placement(func, args, kwargs, None)
         except NoRuleError as refusal:
             raise refusal from error
     rows = _row_args(args, kwargs)
-    if rows:
-        error.mlipdd_op = f"`{op_name(func)}` on {describe(rows[0][2])}"
+    if not rows:
+        return
+    error.mlipdd_op = f"`{op_name(func)}` on {describe(rows[0][2])}"
+    meta = rows[0][1]._meta
+    if not meta.layout.is_sharded():
+        raise NoRuleError(failed_on_rank(error, meta.n_owned)) from error
+
+
+def failed_on_rank(error: Exception, n_owned: int, where: str = "") -> str:
+    first = (str(error).strip().splitlines() or [""])[0]
+    return (
+        f"{error.mlipdd_op} failed on this rank{where} ({type(error).__name__}: {first}): this rank "
+        f"holds {n_owned} of the system's atoms, one process all of them, so a size, a k or an index "
+        "that fits the whole system need not fit here (an empty tensor on a rank that owns no atom, an "
+        "index table built from this rank's edges pointing past its rows). Write the step so that it "
+        "holds for any number of rows (reduce over atoms with sum/mean/amax/amin over dim 0 or a "
+        "scatter; read neighbours as h[edge_index[0]] from tensors derived from the inputs), or run "
+        "the model under the graph_partition strategy."
+    )
 
 
 def output_placement(func, args, kwargs, out):

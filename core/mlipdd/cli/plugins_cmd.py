@@ -65,23 +65,15 @@ def format_text(reg: plugins.Registry) -> str:
     for info in reg.plugins:
         source = f"{info.dist} {info.version}" if info.dist else "(registered in-process)"
         lines.append(f"  {info.name:<{width}}  {source}")
-    lines.append("Models:")
-    for name, entry in sorted(reg.models.items()):
-        description = f"  {entry.description}" if entry.description else ""
-        lines.append(f"  {name:<{width}}  [{entry.plugin}]{description}")
-    if not reg.models:
-        lines.append("  (none)")
-    lines.append("Presets:")
-    for name in sorted(reg.presets):
-        lines.append(f"  {name}  [{reg.preset_plugins[name]}]")
-    if not reg.presets:
-        lines.append("  (none)")
-    lines.append("Strategies:")
-    for name, entry in sorted(reg.strategies.items()):
-        description = f"  {entry.description}" if entry.description else ""
-        lines.append(f"  {name:<{width}}  [{entry.plugin}]{description}")
-    if not reg.strategies:
-        lines.append("  (none)")
+
+    def entries(table):
+        return [f"  {name:<{width}}  [{e.plugin}]" + (f"  {e.description}" if e.description else "")
+                for name, e in sorted(table.items())]
+
+    for title, rows in (("Models", entries(reg.models)),
+                        ("Presets", [f"  {name}  [{reg.preset_plugins[name]}]" for name in sorted(reg.presets)]),
+                        ("Strategies", entries(reg.strategies))):
+        lines += [f"{title}:", *(rows or ["  (none)"])]
     lines.append(f"Spec modules: {', '.join(sorted(reg.spec_modules)) or '(none)'}")
     if reg.spec_patch_modules:
         lines.append(f"Spec modules, patch targets only: {', '.join(sorted(reg.spec_patch_modules))}")

@@ -45,7 +45,7 @@ def _models(model, cutoff, skin=0.3):
 
 
 def _md_on_ranks(rank, world_size, steps):
-    """Stress calls, then ``steps`` MD steps (velocities ride in the batch, so they migrate
+    """``steps`` MD steps with the stress (velocities ride in the batch, so they migrate
     with their atoms); per rank: worst relative difference, compile stats, rebuilds and
     how many atoms changed owner."""
     from mlipdd.testing.toy_models import ToyMPNN
@@ -56,14 +56,15 @@ def _md_on_ranks(rank, world_size, steps):
     system = awkward_systems((18, 36)) if rank == 0 else None
     owned, mirror = eager.partition(system), compiled.partition(system)
     worst: dict = {}
-    for _ in range(2):
-        _worst(worst, eager(owned, compute_stress=True), compiled(mirror, compute_stress=True))
     generator = torch.Generator().manual_seed(rank)
-    owned.node["velocities"] = 0.2 * torch.randn(owned.positions.shape, generator=generator, dtype=torch.float64)
+    # a common drift carries atoms across the cut planes (migration at every rebuild) in few steps
+    drift = torch.tensor([0.3, 0.3, 0.3], dtype=torch.float64)
+    owned.node["velocities"] = drift + 0.02 * torch.randn(owned.positions.shape, generator=generator,
+                                                          dtype=torch.float64)
     mirror.node["velocities"] = owned.node["velocities"].clone()
     moved, ids = 0, set(owned.atom_ids.tolist())
     for _ in range(steps):
-        a, b = eager(owned), compiled(mirror)
+        a, b = eager(owned, compute_stress=True), compiled(mirror, compute_stress=True)  # one compile
         assert torch.equal(owned.atom_ids, mirror.atom_ids)
         _worst(worst, a, b)
         for batch in (owned, mirror):  # both follow the eager forces: the same geometry
@@ -76,13 +77,13 @@ def _md_on_ranks(rank, world_size, steps):
 
 @pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
 def test_compiled_message_passing_on_ranks_equals_eager_through_migration(world_size):
-    """A two-layer MPNN: equal to the eager distributed run to 1e-10, with and without
-    stress, along an MD path whose rebuilds move atoms between ranks; one compile per
-    stress flag, at most two more (caps with headroom)."""
-    results = run_ranks(_md_on_ranks, world_size, 25)
+    """A two-layer MPNN: equal to the eager distributed run to 1e-10 (energy, per-atom
+    energies, forces, stress) along an MD path whose rebuilds move atoms between ranks;
+    one compile, at most two more (caps with headroom)."""
+    results = run_ranks(_md_on_ranks, world_size, 12)
     for worst, stats, rebuilds, _ in results:
         assert set(worst) == set(KEYS) and all(value <= 1e-10 for value in worst.values()), worst
-        assert rebuilds >= 3 and stats["compiles"] <= 4, (rebuilds, stats)
+        assert rebuilds >= 3 and stats["compiles"] <= 3, (rebuilds, stats)
     assert sum(moved for *_, moved in results) > 0, "no atom migrated: the test lost its point"
 
 
@@ -91,21 +92,21 @@ def _mace_on_ranks(rank, world_size):
     from mlipdd_mace.wrapper import MACEWrapper
 
     torch.set_default_dtype(torch.float64)
-    model = MACEWrapper(random_mace(elements=(18, 36), r_max=4.0, channels=8, max_ell=1, correlation=2))
+    model = MACEWrapper(random_mace(elements=(18, 36), r_max=4.0, channels=4, max_ell=1, correlation=1))
     eager, compiled = _models(model, 4.0)
-    system = triclinic(species=(18, 36), reps=4) if rank == 0 else None
+    system = triclinic(species=(18, 36), reps=3) if rank == 0 else None
     owned, mirror = eager.partition(system), compiled.partition(system)
     worst: dict = {}
     _worst(worst, eager(owned, compute_stress=True), compiled(mirror, compute_stress=True))
     return worst, model.message_passing_layers, compiled.compile_stats
 
 
-@pytest.mark.mlipdd_conformance(world_sizes=(2,))
-def test_compiled_mace_on_ranks_equals_eager(world_size):
+def test_compiled_mace_on_ranks_equals_eager():
     """MACE e3nn (two interaction blocks: a two-cutoff shell) through its compile hook
-    (per-atom energies, the core differentiates the owned ones)."""
+    (per-atom energies, the core differentiates the owned ones); two ranks only (the
+    general machinery runs at 2-4 above; a MACE compile costs tens of seconds)."""
     pytest.importorskip("mace")
-    for worst, layers, stats in run_ranks(_mace_on_ranks, world_size):
+    for worst, layers, stats in run_ranks(_mace_on_ranks, 2):
         assert layers == 2 and stats["compiles"] == 1, (layers, stats)
         assert set(worst) == set(KEYS) and all(value <= 1e-10 for value in worst.values()), worst
 
@@ -137,9 +138,8 @@ def _refusals_on_ranks(rank, world_size):
     return messages
 
 
-@pytest.mark.mlipdd_conformance(world_sizes=(2,))
-def test_what_cannot_compile_on_ranks_is_refused_by_name(world_size):
-    for forward_only, undeclared in run_ranks(_refusals_on_ranks, world_size):
+def test_what_cannot_compile_on_ranks_is_refused_by_name():
+    for forward_only, undeclared in run_ranks(_refusals_on_ranks, 2):
         assert "_ForwardOnly" in forward_only and "atomic_energies" in forward_only, forward_only
         assert "ONE rank" in forward_only, forward_only
         assert "_Undeclared" in undeclared and "message_passing_layers" in undeclared, undeclared

@@ -173,6 +173,7 @@ def _lost_peer_hint(exc: BaseException, cfg) -> str | None:
 
 
 def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
+    from mlipdd.app.restart import restored_or_partitioned
     from mlipdd.app.simulation import (
         _summary,
         build_dynamics,
@@ -205,14 +206,7 @@ def _run_rank(cfg, manager, thermo_stream) -> dict[str, Any] | None:
     # with --cuda-graph / --compile too: DistributedModel refuses them at several ranks by name
     config = check_together(domain_config, cfg, model)
     with DomainParallel(dynamics, config, cfg.steps, hooks, spec=_default_spec(model, config)) as dp:
-        # a restart partitions the checkpoint's system over this run's ranks, any number
-        if cfg.restart:
-            from mlipdd.app.restart import settings_differences_as_notes
-
-            with settings_differences_as_notes():
-                owned = dp.restore(cfg.restart)
-        else:
-            owned = dp.partition(full)
+        owned = restored_or_partitioned(dp, cfg, full)
         dynamics.setup(owned)  # first force evaluation, outside the timing
         force_diff = _first_step_force_difference(dp, model, full)
         first_step, wall, start_energy, end_energy = timed_run(dp, dynamics, owned)

@@ -224,6 +224,15 @@ def check_trajectory_continues(cfg, step: int) -> None:
         )
 
 
+def restored_or_partitioned(dp, cfg, batch):
+    """This run's owned atoms: the checkpoint's system (``--restart``, partitioned over this
+    run's ranks, any number) or ``batch`` (the full system on rank 0)."""
+    if not cfg.restart:
+        return dp.partition(batch)
+    with settings_differences_as_notes():
+        return dp.restore(cfg.restart)
+
+
 @contextlib.contextmanager
 def settings_differences_as_notes():
     """Around restoring the integrator: a setting the user changed on purpose (``--dt 1``

@@ -347,6 +347,7 @@ def _run_one_rank(cfg: RunConfig, model, batch: Batch, thermo_stream, adjust=Non
     which owns the neighbour list and hands the model plain tensors (NOTE [one rank]).
     ``adjust(distributed_model)`` before the first call (the CPU tests swap the CUDA
     capture for `mlipdd.testing.graph_replay.with_eager_replay`)."""
+    from mlipdd.app.restart import restored_or_partitioned
     from mlipdd.distributed.domain_parallel import DomainParallel
 
     hooks = default_hooks(cfg, thermo_stream)
@@ -354,13 +355,7 @@ def _run_one_rank(cfg: RunConfig, model, batch: Batch, thermo_stream, adjust=Non
     with DomainParallel(dyn, domain_config(cfg, model), cfg.steps, hooks) as dp:
         if adjust is not None:
             adjust(dp.model)
-        if cfg.restart:
-            from mlipdd.app.restart import settings_differences_as_notes
-
-            with settings_differences_as_notes():
-                owned = dp.restore(cfg.restart)
-        else:
-            owned = dp.partition(batch)
+        owned = restored_or_partitioned(dp, cfg, batch)
         dyn.setup(owned)  # first force evaluation (and the compile or capture) outside the timing
         first_step, wall, start_energy, end_energy = timed_run(dp, dyn, owned)
         summary = _summary(cfg, dyn, owned, hooks[0].records, wall, start_energy, end_energy, first_step)

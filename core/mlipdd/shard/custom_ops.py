@@ -196,6 +196,12 @@ def _owned_rows_only(adapter: Any) -> bool:
     return all(isinstance(t, (SliceOwned, AllReduceSum)) for t in transforms)
 
 
+def _check_positions(transforms, n: int, what: str, but: str) -> None:
+    for position in transforms:
+        if position >= n:
+            raise RuntimeError(f"{what} has position {position}, but {but.format(n)}")
+
+
 def call_adapted(adapter: Any, func: Any, meta: ShardMeta, args: tuple, kwargs: dict) -> Any:
     """Run ``func`` on plain tensors with ``adapter``'s transforms around it."""
     registry.FIRED[f"op_adapter:{adapter.qualified_name}"] += 1
@@ -209,24 +215,16 @@ def call_adapted(adapter: Any, func: Any, meta: ShardMeta, args: tuple, kwargs: 
             f"for halo storage only, and this model runs with {type(meta.layout).__name__} storage; "
             "run it with the halo strategy (HaloStoragePolicy)"
         )
-    for position in adapter.arg_transforms:
-        if position >= len(args):
-            raise RuntimeError(
-                f"{where}.arg_transforms has position {position}, but the op was called with "
-                f"{len(args)} positional argument(s); key transforms by the op's argument position"
-            )
+    _check_positions(adapter.arg_transforms, len(args), f"{where}.arg_transforms",
+                     "the op was called with {} positional argument(s); key transforms by the op's argument position")
     plain = [
         _transform_input(adapter.arg_transforms.get(i), value, meta, active, f"{where} argument {i}")
         for i, value in enumerate(args)
     ]
     out = func(*plain, **{k: _unwrap(v, meta) for k, v in kwargs.items()})
     outputs = out if isinstance(out, (tuple, list)) else (out,)
-    for position in adapter.output_transforms:
-        if position >= len(outputs):
-            raise RuntimeError(
-                f"{where}.output_transforms has position {position}, but the op returned "
-                f"{len(outputs)} output(s)"
-            )
+    _check_positions(adapter.output_transforms, len(outputs), f"{where}.output_transforms",
+                     "the op returned {} output(s)")
     done = [
         _transform_output(adapter.output_transforms.get(i), value, meta, active, f"{where} output {i}")
         for i, value in enumerate(outputs)

@@ -156,12 +156,19 @@ def _run_csv(tmp_path, name, *flags):
     return _csv(table)
 
 
-def test_the_distributed_log_equals_one_process_in_a_triclinic_cell(tmp_path, nproc):
+@pytest.fixture(scope="module")
+def triclinic_one_process(tmp_path_factory):
+    """A rattled triclinic argon file and its one-process log, once for every rank count."""
+    folder = tmp_path_factory.mktemp("triclinic")
     atoms = bulk("Ar", "fcc", a=5.3) * (6, 6, 6)  # the primitive fcc cell: triclinic, 216 atoms
     atoms.rattle(0.05, seed=1)
-    path = tmp_path / "tri.extxyz"
+    path = folder / "tri.extxyz"
     ase.io.write(path, atoms)
-    one = _run_csv(tmp_path, "one", "--system", str(path))
+    return path, _run_csv(folder, "one", "--system", str(path))
+
+
+def test_the_distributed_log_equals_one_process_in_a_triclinic_cell(tmp_path, nproc, triclinic_one_process):
+    path, one = triclinic_one_process
     many = _run_csv(tmp_path, f"n{nproc}", "--system", str(path), "--nproc", str(nproc))
     assert len(one) == len(many) == 3
     for a, b in zip(one, many):

@@ -18,6 +18,7 @@ import torch
 
 from mlipdd.data import Batch
 from mlipdd.shard.aten import EDGES, GHOSTED, HaloContext, Rows, ShardTensor, from_local, owned_rows
+from mlipdd.shard.aten.factories import factory_rows
 from mlipdd.shard.aten.placement import Replicate
 from mlipdd.shard.exchange import pad
 from mlipdd.strategy.halo import HaloStrategy, model_inputs
@@ -28,7 +29,8 @@ class AtenHaloStrategy(HaloStrategy):
 
     @contextlib.contextmanager
     def model_scope(self, meta):
-        with self.halo.balance.timing():
+        """Factories make ShardTensors (NOTE [aten factories]); balance="time" times the call."""
+        with factory_rows(meta), self.halo.balance.timing():
             yield
 
     def model_batch(self, batch: Batch, spec) -> tuple[Batch, HaloContext]:

@@ -109,7 +109,7 @@ def index(func, args, kwargs):
             refuse(func, args, kwargs, "a per-row pick by an index of other rows")
         local = as_owned(x) if xp.kind == SHARES else x._local
         kind = "atoms-owned" if xp.kind == SHARES else xp.kind
-        out = func(local, [given[0][1]] + [None] * (k - 1) + [unwrap(j)])
+        out = func(local, [unwrap(given[0][1])] + [None] * (k - 1) + [unwrap(j)])
         return finish(func, args, out, xp.as_kind(kind).plain_values(), x._ctx)
     if len(given) != 1:
         if xp is None and not any(rows_of(i) for _, i in given):
@@ -138,8 +138,9 @@ def index(func, args, kwargs):
 
 def _is_arange_of_rows(i, x) -> bool:
     """A plain 0..n-1 over all of x's rows (one value read)."""
-    if isinstance(i, ShardTensor) or i.dim() != 1 or i.shape[0] != x.shape[0] or i.dtype == torch.bool:
+    if rows_of(i) is not None or i.dim() != 1 or i.shape[0] != x.shape[0] or i.dtype == torch.bool:
         return False
+    i = unwrap(i)
     return bool(torch.equal(i, torch.arange(x.shape[0], device=i.device, dtype=i.dtype)))
 
 
@@ -342,6 +343,9 @@ def index_put(func, args, kwargs):
     if len(given) == 1 and given[0][1].dtype == torch.bool and tp is not None and rows_of(given[0][1]) == tp \
             and given[0][0] == tp.dim:
         return _masked_write(func, args, kwargs, target, indices, values)
+    if len(given) == 2 and given[0][0] == 0 and _is_arange_of_rows(given[0][1], target) and rows_of(values) \
+            and rows_of(values).dim == 0 and (tp is None or tp.dim == 0):
+        return _per_row_write(func, args, kwargs, target, indices, values, accumulate)
     if not accumulate or len(given) != 1 or given[0][0] != 0:
         refuse(func, args, kwargs, "an indexed write into or by distributed rows (x[i] = v, A[rcv, snd] = v) "
                "writes rows by number: the same number is a different row on each rank",
@@ -361,6 +365,35 @@ def index_put(func, args, kwargs):
         return _scatter(func, args, kwargs, target, 0, idx, values, op)
     except _SizeMismatch as exc:
         refuse(func, args, kwargs, str(exc))
+
+
+def _per_row_write(func, args, kwargs, target, indices, values, accumulate):
+    """x[torch.arange(n), j] = v (or +=): one entry of each row, the adjoint of the per-row
+    pick: row-local, of the values' kind."""
+    vp, tp = rows_of(values), rows_of(target)
+    kind = vp.kind
+    if tp is None:
+        base = unwrap(target)
+        if not uniform_along(base, 0):
+            refuse(func, args, kwargs, "a per-row write into a plain tensor with its own value per row")
+        base = comm.zero_ghosts(base, 0, values._ctx.plan) if kind == SHARES else base
+    elif tp.kind == kind or (kind != SHARES and tp.kind != SHARES):
+        base = target._local
+        kind = kind if tp.kind == kind else "atoms-owned"
+    else:
+        base, vals = as_owned(target), as_owned(values)
+        kind = "atoms-owned"
+    vals = values._local if kind == vp.kind else as_owned(values)
+    plain_idx = [unwrap(i) if i is not None else None for i in indices]
+    if is_inplace(func):
+        if isinstance(target, ShardTensor):
+            if base is not target._local:
+                target._local.copy_(base)
+            target._local.index_put_(plain_idx, vals, accumulate)
+            return finish(func, args, target._local, Rows(0, kind), values._ctx)
+        refuse(func, args, kwargs, "an in-place per-row write into a plain tensor")
+    out = torch.ops.aten.index_put(base, plain_idx, vals, accumulate)
+    return finish(func, args, out, Rows(0, kind), values._ctx)
 
 
 def _masked_write(func, args, kwargs, target, indices, values):

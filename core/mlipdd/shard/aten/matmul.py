@@ -86,8 +86,8 @@ def bmm(func, args, kwargs):
     a, b = args[0], args[1]
     pa, pb = rows_of(a), rows_of(b)
     if pa and pb and pa.dim == 0 and pb.dim == 0:  # one small product per row
-        if pa.is_atoms() != pb.is_atoms():
-            refuse(func, args, kwargs, "it multiplies atom rows with edge rows")
+        if pa.is_atoms() != pb.is_atoms() or pa.group != pb.group:
+            refuse(func, args, kwargs, "it multiplies rows of different kinds (atoms and edges, or merged differently)")
         if pa.kind == SHARES and pb.kind == SHARES:
             la, lb, kind = as_owned(a), as_owned(b), OWNED
         elif SHARES in (pa.kind, pb.kind):
@@ -97,7 +97,7 @@ def bmm(func, args, kwargs):
         else:
             la, lb = a._local, b._local
             kind = OWNED if OWNED in (pa.kind, pb.kind) else pa.kind
-        return finish(func, args, func(la, lb), Rows(0, kind), a._ctx)
+        return finish(func, args, func(la, lb), Rows(0, kind, pa.group), a._ctx)
     if pa and pb and pa.dim == 2 and pb.dim == 1:
         return _contract_rows(func, a, b, args, kwargs)
     if pa and not pb and pa.dim == 1:

@@ -439,38 +439,53 @@ def split(func, args, kwargs):
     return wrap_out(out, p, x._ctx, op_name(func.overloadpacket))
 
 
+def _joined(func, args, kwargs, tensors):
+    """Operands of a join (cat, stack) as local tensors of one kind: all shares stay shares
+    (a join is linear), owned+ghost rows are valid owned rows, else shares are summed."""
+    ndim = max(t.dim() for t in tensors)
+    rows = [t for t in tensors if rows_of(t)]
+    first = rows[0]._place
+    row_dim = first.dim + ndim - rows[0].dim()
+    for t in rows:
+        p = t._place
+        if (p.dim + ndim - t.dim(), p.group, p.is_atoms()) != (row_dim, first.group, first.is_atoms()):
+            refuse(func, args, kwargs, "it joins tensors with different row placements",
+                   "bring them to one kind first (the same rows along the same dimension)")
+    kinds = {t._place.kind for t in rows}
+    kind = kinds.pop() if len(kinds) == 1 else OWNED
+    locals_ = []
+    for t in tensors:
+        if not rows_of(t):
+            if not uniform_along(t, row_dim - (ndim - t.dim())) or kind == SHARES:
+                refuse(func, args, kwargs, "a replicated or plain operand with its own value per row, or joined "
+                       "with shares of atom rows")
+            locals_.append(unwrap(t))
+        elif t._place.kind == SHARES and kind != SHARES:
+            locals_.append(as_owned(t))
+        else:
+            locals_.append(t._local)
+    values = first.values if all(t._place.values == first.values for t in rows) else None
+    return locals_, Rows(row_dim, kind, first.group, values)
+
+
 @rule(aten.cat.default)
 def cat(func, args, kwargs):
     tensors = [t for t in args[0] if t.numel() or t.dim() > 1]
-    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
-    ndim = max(t.dim() for t in tensors)
-    dim %= ndim
-    rows = [t._place for t in tensors if rows_of(t)]
-    first = rows[0]
-    if any((p.dim, p.kind, p.group) != (first.dim, first.kind, first.group) for p in rows):
-        refuse(func, args, kwargs, "it joins tensors with different row placements",
-               "bring them to one kind first (the same rows along the same dimension)")
-    if dim == first.dim:
+    dim = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % max(t.dim() for t in tensors)
+    locals_, place = _joined(func, args, kwargs, tensors)
+    if dim == place.dim:
         refuse(func, args, kwargs, "it appends rows (cat along the row dimension): the result is no longer "
                "this rank's rows", "add extra rows as their own tensor")
-    for t in tensors:
-        if not rows_of(t) and not uniform_along(t, first.dim):
-            refuse(func, args, kwargs, "a replicated or plain operand has its own value per row")
-    values = first.values if all(p.values == first.values for p in rows) else None
-    return finish(func, args, run_local(func, args, kwargs), Rows(first.dim, first.kind, first.group, values),
-                  ctx_of(args, kwargs))
+    return finish(func, args, func(locals_, dim), place, ctx_of(args, kwargs))
 
 
 @rule(aten.stack.default)
 def stack(func, args, kwargs):
-    tensors = args[0]
+    tensors = list(args[0])
     dim = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % (tensors[0].dim() + 1)
-    rows = [t._place for t in tensors if rows_of(t)]
-    first = rows[0]
-    if len(rows) != len(tensors) or any(p != first for p in rows):
-        refuse(func, args, kwargs, "it stacks tensors of different placements")
-    d = first.dim + (1 if dim <= first.dim else 0)
-    return finish(func, args, run_local(func, args, kwargs), first.moved(d), ctx_of(args, kwargs))
+    locals_, place = _joined(func, args, kwargs, tensors)
+    return finish(func, args, func(locals_, dim), place.moved(place.dim + (1 if dim <= place.dim else 0)),
+                  ctx_of(args, kwargs))
 
 
 @rule(aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default, aten.full_like.default)
@@ -549,13 +564,17 @@ def unique(func, args, kwargs):
 # count: the wrapper has the local shape, and a Python number carries no origin. The
 # arithmetic ops check their number arguments against this rank's counts and simple
 # ratios of them, where those differ from the counts of the whole system; a match is
-# refused (never a silent answer: a coincidence costs a refusal, not a wrong number).
+# refused (never a silent answer: a coincidence costs a refusal, not a wrong number). An
+# integer is taken for a count only when it divides or scales a replicated value (a sum
+# over the rows: ``h.sum(0) / n``), since models scale rows by integer constants (MACE's
+# envelope by 35); a non-integer that is no plain fraction (k/8) is compared with every ratio.
+# Sizes that never meet such an op (``range(n)``) are the validator's to catch.
 _ARITHMETIC = {aten.div, aten.div_, aten.mul, aten.mul_, aten.true_divide}
 
 
 def refuse_local_counts(func, args, kwargs, ctx):
     numbers = [a for a in args[1:] if isinstance(a, (int, float)) and not isinstance(a, bool)]
-    numbers += [float(a) for a in args[1:] if isinstance(a, torch.Tensor) and not isinstance(a, ShardTensor)
+    numbers += [float(unwrap(a)) for a in args[1:] if isinstance(a, torch.Tensor) and rows_of(a) is None
                 and a.dim() == 0 and a.device.type == "cpu" and a.dtype != torch.bool]
     if not numbers:
         return
@@ -564,12 +583,29 @@ def refuse_local_counts(func, args, kwargs, ctx):
     if not numbers:
         return
     suspicious = ctx.local_counts()
+    replicated_operand = rows_of(args[0]) is None
     for number in numbers:
         for value, what in suspicious:
-            if float(number).is_integer() and not what.startswith("the number"):
-                continue  # an integer is checked against counts, not ratios
+            if float(number).is_integer() and not (what.startswith("the number") and replicated_operand):
+                continue  # an integer: only a count, only dividing a reduced (replicated) value
             if number != 0 and (math.isclose(number, value, rel_tol=1e-12) or math.isclose(number * value, 1.0, rel_tol=1e-12)):
                 refuse(func, args, kwargs, f"it multiplies or divides by {number!r}, which is {what} on this rank "
                        "(a size of the local rows used as a value: one process has another count)",
                        "count with a sum over the rows (torch.ones_like(x).sum(0), a per-system index_add), "
                        "never with x.shape")
+
+
+@rule(aten.slice_backward.default, aten.select_backward.default)
+def slice_or_select_backward(func, args, kwargs):
+    """The adjoint of a slice / select of other dims: zeros around the rows' values (linear:
+    any kind stays)."""
+    grad, dim = args[0], args[2] % len(args[1])
+    p = grad._place
+    sizes = args[1]
+    if func.overloadpacket is aten.select_backward:
+        d = p.dim + (1 if dim <= p.dim else 0)
+    else:
+        d = p.dim
+    if dim == d:
+        refuse(func, args, kwargs, "the gradient of a slice of the rows")
+    return finish(func, args, run_local(func, args, kwargs), p.moved(d).plain_values(), grad._ctx)

@@ -74,9 +74,8 @@ class HaloContext:
                      "the edges": (self.n_edges, edges)}
             out = []
             for name, (n, total) in local.items():
-                for shift in (0, -1):
-                    if n + shift > 8 and n + shift != total + shift:
-                        out.append((float(n + shift), f"the number of {name}" + (" minus one" if shift else "")))
+                if n > 8 and n != total:
+                    out.append((float(n), f"the number of {name}"))
             for (a, (na, ta)), (b, (nb, tb)) in [(x, y) for x in local.items() for y in local.items() if x != y]:
                 if na and nb and abs(na / nb - ta / tb) > 1e-12 * abs(ta / tb):
                     out.append((na / nb, f"a ratio of {a} and {b}"))

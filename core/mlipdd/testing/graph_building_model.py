@@ -24,10 +24,11 @@ import math
 import torch
 from torch import nn
 
-from mlipdd.data import Batch, InputError
+from mlipdd.data import Batch
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig, strained
 from mlipdd.neighbors import build_neighbor_list
 from mlipdd.shard import graph_partition as gp
+from mlipdd.testing.toy_models import species_rows, species_table
 
 
 def _envelope(d: torch.Tensor, cutoff: float) -> torch.Tensor:
@@ -43,9 +44,7 @@ class GraphBuildingMPNN(ModelWrapper):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
         self.model_config = ModelConfig(NeighborConfig(cutoff))
-        table = torch.full((119,), -1, dtype=torch.long)
-        table[torch.tensor(species)] = torch.arange(len(species))
-        self.register_buffer("species_index", table)
+        self.register_buffer("species_index", species_table(species))
         self.embed = nn.Parameter(torch.randn(len(species), features, generator=g, dtype=dtype) * 0.5)
         self.register_buffer("centers", torch.linspace(0.5, cutoff, n_basis, dtype=dtype))
 
@@ -66,13 +65,7 @@ class GraphBuildingMPNN(ModelWrapper):
         return SPEC_MPNN_GP
 
     def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
-        index = self.species_index[batch.atomic_numbers]  # full rows: every rank checks alike
-        if bool((index < 0).any()):
-            unknown = sorted(set(batch.atomic_numbers[index < 0].tolist()))
-            raise InputError(
-                f"GraphBuildingMPNN has no parameters for atomic numbers {unknown}; build it "
-                "with species=(...) that include them"
-            )
+        index = species_rows(self, batch.atomic_numbers)  # full rows: every rank checks alike
         grad_enabled = torch.is_grad_enabled()
         with torch.enable_grad():
             positions = batch.positions.detach().requires_grad_(True)

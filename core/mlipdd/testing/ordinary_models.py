@@ -33,9 +33,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mlipdd.data import Batch, InputError
+from mlipdd.data import Batch
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig
-from mlipdd.testing.toy_models import cosine_envelope
+from mlipdd.testing.toy_models import cosine_envelope, species_rows, species_table
 
 __all__ = ["ChargeMPNN", "DegreeMPNN", "VectorMPNN", "WholeSystemMPNN"]
 
@@ -48,9 +48,7 @@ class _OrdinaryMPNN(ModelWrapper):
         self.model_config = ModelConfig(NeighborConfig(cutoff))
         self.generator = torch.Generator().manual_seed(seed)
         self.features, self.dtype = features, dtype
-        table = torch.full((119,), -1, dtype=torch.long)
-        table[torch.tensor(species)] = torch.arange(len(species))
-        self.register_buffer("species_index", table)
+        self.register_buffer("species_index", species_table(species))
         self.register_buffer("centers", torch.linspace(0.5, cutoff, n_basis, dtype=dtype))
         self.embed = self._weight(len(species), features, scale=0.5)
 
@@ -66,16 +64,6 @@ class _OrdinaryMPNN(ModelWrapper):
         envelope = cosine_envelope(d, self.cutoff)
         basis = torch.exp(-2.0 * (d.unsqueeze(1) - self.centers) ** 2) * envelope.unsqueeze(1)
         return sender, receiver, vectors / d.unsqueeze(1), d, envelope, basis
-
-    def _species(self, atomic_numbers: torch.Tensor) -> torch.Tensor:
-        index = self.species_index[atomic_numbers]
-        if bool((index < 0).any()):
-            unknown = sorted(set(atomic_numbers[index < 0].tolist()))
-            raise InputError(
-                f"{type(self).__name__} has no parameters for atomic numbers {unknown}; build it "
-                "with species=(...) that include them"
-            )
-        return index
 
 
 class VectorMPNN(_OrdinaryMPNN):
@@ -95,7 +83,7 @@ class VectorMPNN(_OrdinaryMPNN):
         sender, receiver, unit, _, _, basis = self._edges(batch, positions, cell)
         n_atoms = int(batch.num_atoms) if self.int_sizes else batch.num_atoms
         scalars = torch.zeros(n_atoms, self.features, dtype=positions.dtype, device=positions.device)
-        scalars[:] = self.embed[self._species(batch.atomic_numbers)]
+        scalars[:] = self.embed[species_rows(self, batch.atomic_numbers)]
         vectors = self.embed.new_zeros((n_atoms, self.features, 3))
         for scalar_radial, vector_radial, update, mix in zip(
             self.scalar_radial, self.vector_radial, self.update, self.mix
@@ -132,7 +120,7 @@ class ChargeMPNN(_OrdinaryMPNN):
         n_atoms, n_systems = batch.num_atoms, batch.num_systems
         like = {"dtype": positions.dtype, "device": positions.device}
         total_charge = batch.charge.reshape(-1) if batch.charge is not None else torch.zeros(n_systems, **like)
-        features = self.embed[self._species(batch.atomic_numbers)]
+        features = self.embed[species_rows(self, batch.atomic_numbers)]
         charges = torch.full((n_atoms,), 0.0, **like)
         for radial, update, coupling in zip(self.radial, self.update, self.charge_coupling):
             messages = (basis @ radial) * features[sender] * (1.0 + charges[sender].unsqueeze(1) * coupling)
@@ -166,7 +154,7 @@ class WholeSystemMPNN(_OrdinaryMPNN):
     def atomic_energies(self, batch: Batch, positions: torch.Tensor, cell: torch.Tensor) -> torch.Tensor:
         sender, receiver, _, _d, _envelope, basis = self._edges(batch, positions, cell)
         n_atoms = batch.num_atoms
-        features = self.embed[self._species(batch.atomic_numbers)]
+        features = self.embed[species_rows(self, batch.atomic_numbers)]
         aggregated = torch.zeros(n_atoms, self.features, dtype=positions.dtype, device=positions.device)
         aggregated = aggregated.index_add_(0, receiver, (basis @ self.radial) * features[sender])
         features = features + torch.tanh(aggregated @ self.update)
@@ -202,7 +190,7 @@ class DegreeMPNN(_OrdinaryMPNN):
     def atomic_energies(self, batch: Batch, positions: torch.Tensor, cell: torch.Tensor) -> torch.Tensor:
         sender, receiver, _, d, _, basis = self._edges(batch, positions, cell)
         n_atoms = batch.num_atoms
-        features = self.embed[self._species(batch.atomic_numbers)]
+        features = self.embed[species_rows(self, batch.atomic_numbers)]
         # how many neighbours each atom sends to (the list's skin edges are not neighbours)
         out_degree = torch.zeros(n_atoms, dtype=positions.dtype, device=positions.device)
         out_degree = out_degree.index_add_(0, sender, (d < self.cutoff).to(positions.dtype)).clamp(min=1)

@@ -24,7 +24,7 @@ import math
 import torch
 from torch import nn
 
-from mlipdd.data import Batch, InputError
+from mlipdd.data import Batch
 from mlipdd.models.base import (
     ModelConfig,
     ModelWrapper,
@@ -34,6 +34,7 @@ from mlipdd.models.base import (
 )
 from mlipdd.spec.kinds import OutputKind
 from mlipdd.spec.presets import SPEC_MPNN_SHARDED
+from mlipdd.testing.toy_models import species_rows, species_table
 
 COULOMB = 14.399645  # e^2 / (4 pi eps0) in eV * Angstrom
 
@@ -54,9 +55,7 @@ class QEqModel(ModelWrapper):
             NeighborConfig(cutoff),
             outputs=frozenset({"energy", "forces", "stress", "charges"}),
         )
-        table = torch.full((119,), -1, dtype=torch.long)
-        table[torch.tensor(species)] = torch.arange(len(species))
-        self.register_buffer("species_index", table)
+        self.register_buffer("species_index", species_table(species))
         self.register_buffer("centers", torch.linspace(0.5, cutoff, n_basis, dtype=dtype))
         self.damping = float(damping)
         self.coulomb_scale = float(coulomb_scale)
@@ -94,7 +93,7 @@ class QEqModel(ModelWrapper):
         basis = torch.exp(-2.0 * (d.unsqueeze(1) - self.centers) ** 2) * envelope.unsqueeze(1)
 
         # layer 1: environment -> electronegativity and hardness
-        h = self.embed[self._species(batch.atomic_numbers)]
+        h = self.embed[species_rows(self, batch.atomic_numbers)]
         agg = torch.zeros_like(h)
         agg = agg.index_add(0, receiver, (basis @ self.radial1) * h[sender])
         h = h + torch.tanh(agg @ self.update1)
@@ -122,12 +121,3 @@ class QEqModel(ModelWrapper):
         coulomb = coulomb.index_add(0, receiver, 0.5 * self.coulomb_scale * COULOMB * q_receiver * q_sender * pair)
         return h @ self.readout + chi * q + 0.5 * hardness * q * q + coulomb
 
-    def _species(self, atomic_numbers: torch.Tensor) -> torch.Tensor:
-        index = self.species_index[atomic_numbers]
-        if bool((index < 0).any()):
-            unknown = sorted(set(atomic_numbers[index < 0].tolist()))
-            raise InputError(
-                f"QEqModel has no parameters for atomic numbers {unknown}; build it with "
-                "species=(...) that include them"
-            )
-        return index

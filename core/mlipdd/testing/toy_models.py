@@ -23,15 +23,31 @@ def cosine_envelope(d: torch.Tensor, cutoff: float) -> torch.Tensor:
     return torch.where(inside, 0.5 * (torch.cos(math.pi * d / cutoff) + 1.0), torch.zeros_like(d))
 
 
+def species_table(species) -> torch.Tensor:
+    """The row of each atomic number in a per-species parameter table (-1: not modelled)."""
+    table = torch.full((119,), -1, dtype=torch.long)
+    table[torch.tensor(species)] = torch.arange(len(species))
+    return table
+
+
+def species_rows(model: nn.Module, atomic_numbers: torch.Tensor) -> torch.Tensor:
+    """Each atom's row in ``model.species_index``; an element it has no parameters for is
+    refused by name (checked eagerly, not while compiled or captured: a host read)."""
+    index = model.species_index[atomic_numbers]
+    if not capturing(index) and bool((index < 0).any()):
+        unknown = sorted(set(atomic_numbers[index < 0].tolist()))
+        raise InputError(f"{type(model).__name__} has no parameters for atomic numbers {unknown}; "
+                         "build it with species=(...) that include them")
+    return index
+
+
 class ToyMPNN(ModelWrapper):
     def __init__(self, cutoff: float = 4.0, features: int = 16, layers: int = 3, n_basis: int = 8,
                  species=(1, 6, 8, 14, 18), seed: int = 0, dtype=torch.float64, drop_rebind: bool = False):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
         self.model_config = ModelConfig(NeighborConfig(cutoff))
-        table = torch.full((119,), -1, dtype=torch.long)
-        table[torch.tensor(species)] = torch.arange(len(species))
-        self.register_buffer("species_index", table)
+        self.register_buffer("species_index", species_table(species))
         self.embed = nn.Parameter(torch.randn(len(species), features, generator=g, dtype=dtype) * 0.5)
         self.register_buffer("centers", torch.linspace(0.5, cutoff, n_basis, dtype=dtype))
         self.radial = nn.ParameterList(
@@ -56,14 +72,7 @@ class ToyMPNN(ModelWrapper):
         d = vectors.norm(dim=1)
         envelope = cosine_envelope(d, self.cutoff)
         basis = torch.exp(-2.0 * (d.unsqueeze(1) - self.centers) ** 2) * envelope.unsqueeze(1)
-        index = self.species_index[batch.atomic_numbers]
-        if not capturing(index) and bool((index < 0).any()):  # checked eagerly, not while compiled
-            unknown = sorted(set(batch.atomic_numbers[index < 0].tolist()))
-            raise InputError(
-                f"ToyMPNN has no parameters for atomic numbers {unknown}; build it with "
-                f"species=(...) that include them"
-            )
-        h = self.embed[index]
+        h = self.embed[species_rows(self, batch.atomic_numbers)]
         for radial, update in zip(self.radial, self.update):
             messages = (basis @ radial) * h[sender]
             agg = torch.zeros_like(h)

@@ -19,11 +19,45 @@ ShardTensor dispatch, and nothing here changes.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 from mlipdd.data import Batch
 from mlipdd.shard import as_atom_rows
+
+
+# NOTE [aimnet's Warp convolution]: on CUDA in float32 aimnet's `ConvSV.forward` calls the
+# Warp kernel `conv_sv_2d_sp(a, nbmat, g)` instead of its einsum, and the kernel's defaults
+# are aimnet's padded layout: the LAST ROW is the padding atom (never computed as a centre)
+# and any index >= it is a sentinel that ends the row's scan. In this layout the last row is
+# a real atom: left to the defaults, that atom's environment is zero and every row listing
+# it loses it and the neighbours after it (measured on an H200: 0.07 eV, 0.7 eV/A, 0.1 e off
+# aimnet's calculator; CPU never takes the branch). Inside `explicit_convolution_rows`, the
+# kernel is told that every row is a centre and no index is a sentinel (padded slots point
+# at the row itself with a zero basis, as the einsum reads them); a ShardTensor (DD) takes
+# the einsum, whose reads the dispatch routes (the kernel would read local rows only).
+def _convolution_without_padding_row(original):
+    def convolution(a, idx, g, padding_value=None, num_centers=None, transpose=None):
+        if type(a) is not torch.Tensor or type(idx) is not torch.Tensor:
+            a_j = a.index_select(0, idx.flatten()).unflatten(0, idx.shape)
+            return torch.einsum("...mag,...mgd->...agd", a_j, g)
+        # (the deterministic transpose is the calculator's, built for its padded layout: never set here)
+        return original(a, idx, g, padding_value=a.shape[0], num_centers=idx.shape[0])
+    return convolution
+
+
+@contextlib.contextmanager
+def explicit_convolution_rows():
+    """aimnet's network reads this layout right on every device (NOTE [aimnet's Warp convolution])."""
+    from aimnet.modules import aev
+
+    original = aev.conv_sv_2d_sp
+    aev.conv_sv_2d_sp = _convolution_without_padding_row(original)
+    try:
+        yield
+    finally:
+        aev.conv_sv_2d_sp = original
 
 
 @dataclass

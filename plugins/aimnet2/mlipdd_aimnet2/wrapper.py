@@ -26,7 +26,7 @@ from mlipdd_aimnet2.coulomb import (
     simple_energy,
 )
 from mlipdd_aimnet2.ewald import check_fully_periodic, ewald_energy, splitting
-from mlipdd_aimnet2.inputs import aimnet_inputs
+from mlipdd_aimnet2.inputs import aimnet_inputs, explicit_convolution_rows
 from mlipdd_aimnet2.own_neighbors import aimnet_kernel_matrices, aimnet_kernel_neighbors
 from mlipdd_aimnet2.versions import require_aimnet
 
@@ -293,7 +293,8 @@ class AIMNet2Wrapper(ModelWrapper):
         methods = self.system_methods(batch)
         data = aimnet_inputs(batch, positions, cell, charge, self.short_cutoff, self._long_cutoff(batch),
                              *(matrices or (None, None)))
-        data = self.model.forward_prepared(data)
+        with explicit_convolution_rows():  # the Warp kernel's padding row is a real atom here
+            data = self.model.forward_prepared(data)
         energy = data["energy"].to(torch.float64)
         for method, term in (("dsf", self._dsf_energy), ("simple", simple_energy), ("ewald", None)):
             chosen = torch.tensor([m == method for m in methods], dtype=torch.float64, device=positions.device)

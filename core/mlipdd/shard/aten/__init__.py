@@ -9,10 +9,26 @@ refusal by default (NOTE [refuse by default]).
 from mlipdd.shard.aten import index_rules as _index_rules  # noqa: F401  (registers rules)
 from mlipdd.shard.aten import matmul as _matmul  # noqa: F401
 from mlipdd.shard.aten import reductions as _reductions  # noqa: F401
-from mlipdd.shard.aten.placement import EDGES, GHOSTED, OWNED, REPLICATE, SHARES, Partial, Replicate, Rows
+from mlipdd.shard.aten.placement import (
+           EDGES,
+           GHOSTED,
+           OWNED,
+           REPLICATE,
+           SHARES,
+           Partial,
+           Replicate,
+           Rows,
+)
 from mlipdd.shard.aten.row_local import declare_row_local
 from mlipdd.shard.aten.rules import RULES
-from mlipdd.shard.aten.tensor import AtenRefusal, HaloContext, ShardTensor, from_local, owned_rows, to_local
+from mlipdd.shard.aten.tensor import (
+           AtenRefusal,
+           HaloContext,
+           ShardTensor,
+           from_local,
+           owned_rows,
+           to_local,
+)
 
 __all__ = ["EDGES", "GHOSTED", "OWNED", "REPLICATE", "RULES", "SHARES", "AtenRefusal", "HaloContext", "Partial",
            "Replicate", "Rows", "ShardTensor", "declare_row_local", "from_local", "owned_rows", "to_local"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from mlipdd.shard.aten import comm
-from mlipdd.shard.aten.placement import EDGES, GHOSTED, REPLICATE, SHARES, Rows
+from mlipdd.shard.aten.placement import EDGES, REPLICATE, SHARES, Rows
 from mlipdd.shard.aten.rules import (
     as_ghosted,
     as_owned,

@@ -30,9 +30,7 @@ def _contract_rows(func, a, b, args, kwargs):
         refuse(func, args, kwargs, "it contracts rows of different kinds (atoms and edges, or merged differently)")
     ctx = a._ctx
     if pa.is_atoms():
-        if pa.kind == SHARES and pb.kind == GHOSTED:
-            la, lb = a._local, b._local
-        elif pb.kind == SHARES and pa.kind == GHOSTED:
+        if pa.kind == SHARES and pb.kind == GHOSTED or pb.kind == SHARES and pa.kind == GHOSTED:
             la, lb = a._local, b._local
         else:
             la = valid_rows(as_owned(a), pa.as_kind(OWNED), ctx)

@@ -105,7 +105,7 @@ def other_reduction(func, args, kwargs):
         dims = _dims(x, kwargs["dim"])
     else:
         dims = list(range(x.dim()))
-    if name.startswith("_softmax_backward") or name.startswith("_log_softmax_backward"):
+    if name.startswith(("_softmax_backward", "_log_softmax_backward")):
         dims = [args[2] % x.dim()]
     if p.dim in dims:
         hint = {"mean": "x.sum(dim) / count, with count a sum over the rows too (torch.ones_like(x).sum(dim)); "
@@ -116,7 +116,7 @@ def other_reduction(func, args, kwargs):
     kind = "atoms-owned" if p.kind == SHARES else p.kind
     out = run_local(func, (local, *args[1:]), kwargs)
     keepdim = kwargs.get("keepdim", False) or (len(args) > 2 and args[2] is True)
-    if name.startswith("_softmax") or name.startswith("_log_softmax") or name in ("cumsum", "cumprod"):
+    if name.startswith(("_softmax", "_log_softmax")) or name in ("cumsum", "cumprod"):
         place = p.as_kind(kind)
     else:
         place = _kept(p.as_kind(kind), dims, keepdim)
@@ -162,7 +162,7 @@ def layer_norm(func, args, kwargs):
 def layer_norm_backward(func, args, kwargs):
     """The input's gradient per row; the weight's and bias's gradients are sums over the
     rows that count once, all-reduced."""
-    grad, x, shape, mean, rstd, weight, bias, mask = args
+    grad, x, shape, mask = args[0], args[1], args[2], args[7]
     gp, xp = grad._place, x._place
     ctx = x._ctx
     plain = [a._local if isinstance(a, ShardTensor) else a for a in args[:-1]]

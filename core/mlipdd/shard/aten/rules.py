@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from mlipdd.shard.aten import comm
-from mlipdd.shard.aten.placement import EDGES, GHOSTED, OWNED, REPLICATE, SHARES, Replicate, Rows
+from mlipdd.shard.aten.placement import EDGES, GHOSTED, OWNED, REPLICATE, SHARES, Rows
 from mlipdd.shard.aten.row_local import COPIES, LINEAR, is_row_local
 from mlipdd.shard.aten.tensor import AtenRefusal, ShardTensor, unwrap
 
@@ -387,10 +387,9 @@ def squeeze(func, args, kwargs):
         dims = {d % x.dim() for d in dims if x.shape[d % x.dim()] == 1}
     else:
         dims = {d for d in range(x.dim()) if x.shape[d] == 1}
-    if p.dim in dims:
-        if x.shape[p.dim] == 1:
-            refuse(func, args, kwargs, "it squeezes away the row dimension (this rank holds one row)",
-                   "squeeze the dimensions you mean by number (x.squeeze(-1)), never the rows")
+    if p.dim in dims and x.shape[p.dim] == 1:
+        refuse(func, args, kwargs, "it squeezes away the row dimension (this rank holds one row)",
+               "squeeze the dimensions you mean by number (x.squeeze(-1)), never the rows")
     d = p.dim - sum(1 for k in dims if k < p.dim)
     return finish(func, args, run_local(func, args, kwargs), p.moved(d), x._ctx)
 
@@ -601,7 +600,6 @@ def slice_or_select_backward(func, args, kwargs):
     any kind stays)."""
     grad, dim = args[0], args[2] % len(args[1])
     p = grad._place
-    sizes = args[1]
     if func.overloadpacket is aten.select_backward:
         d = p.dim + (1 if dim <= p.dim else 0)
     else:

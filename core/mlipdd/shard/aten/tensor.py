@@ -106,7 +106,7 @@ class ShardTensor(torch.Tensor):
         out._local, out._place, out._ctx, out._origin = local, place, ctx, origin
         return out
 
-    def __repr__(self) -> str:  # noqa: D105 - the local rows, as torch prints them
+    def __repr__(self) -> str:
         return f"ShardTensor({self._place}, origin={self._origin!r}, local={self._local!r})"
 
     @property

@@ -88,7 +88,7 @@ class RunConfig:
     balance: str | None = None  # None: uniform cut planes; "count" / "time": see DomainConfig
     # the force call (mlipdd.distributed.DomainConfig): replayed from a CUDA graph (one rank),
     # or compiled with this torch.compile backend ("inductor", "aot_eager"; at several ranks:
-    # energy models under halo storage); None: eager
+    # models with per-atom energies, LJ and MACE, under halo storage); None: eager
     cuda_graph: bool = False
     compile: str | None = None
 

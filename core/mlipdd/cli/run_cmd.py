@@ -151,7 +151,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add("--compile", nargs="?", const="inductor", default=s, metavar="BACKEND",
         help="run the force call through torch.compile (BACKEND default inductor; aot_eager traces "
         "without generating code), padded to caps so list rebuilds do not recompile; several ranks: "
-        "energy models (LJ) under halo storage")
+        "models with per-atom energies (LJ, MACE) under halo storage, ghosts layers x cutoff deep")
     add("--grid", type=_grid, default=s, metavar="GX,GY,GZ", help="rank grid (default: least halo)")
     add("--checkpoint", default=s, metavar="PATH", help="write the full state here every "
         "--checkpoint-every steps, at the end, and when stopped by SIGTERM/SIGHUP/Ctrl-C")

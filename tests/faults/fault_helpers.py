@@ -37,10 +37,11 @@ def mlipdd_command(*args: str, failure_grace_s: float | None = None,
 
 
 def program_env() -> dict[str, str]:
-    """The environment of a user's program a test starts: one thread, and without the test
-    session's ``MLIPDD_SPAWN_PRELOAD`` (the plugins' conftests add fairchem and aimnet to
-    mace for this process's spawned ranks): a calculator in the program would import them
-    all in its forkserver first, 15.6 s for the 2-rank LJ script here instead of 4.0 s."""
+    """The environment of a user's program a test starts: one thread, and without a
+    ``MLIPDD_SPAWN_PRELOAD`` the developer's shell may export (the conftests preload the
+    model packages in pytest's process only): a calculator in the program would import
+    them all in its forkserver first, 15.6 s for the 2-rank LJ script here instead of 4.0 s
+    with mace, fairchem and aimnet listed."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("MLIPDD_SPAWN_PRELOAD", None)
     return env

@@ -75,3 +75,42 @@ def test_control_without_explicit_rows_the_warp_convolution_is_wrong(model32, mo
     monkeypatch.setattr(wrapper_module, "explicit_convolution_rows", contextlib.nullcontext)
     diff = _largest_differences(model, _molecule())
     assert diff["charges"] > 1e-3 and diff["forces"] > 1e-3, diff
+
+
+def _distributed_on_warp(rank, world_size):
+    """DD with aimnet's Warp convolution branch taken (as on CUDA): ShardTensor rows take the einsum."""
+    from aimnet2_systems import triclinic_crystal
+    from mlipdd.distributed import DistributedModel, DomainConfig, StrategyKind
+    from mlipdd_aimnet2.testing import random_aimnet2_wrapper
+
+    model = random_aimnet2_wrapper(seed=0, dtype=torch.float32, dsf_cutoff=DSF_CUTOFF)
+    results = {}
+    with cuda_convolution_on_cpu():
+        for strategy in (StrategyKind.SHARDED,):  # halo reads through the same convolution
+            dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=0.3, strategy=strategy))
+            owned = dm.partition(triclinic_crystal().to(dtype=torch.float32) if rank == 0 else None)
+            out = dm(owned)
+            results[strategy.value] = {"atom_ids": owned.atom_ids, "energy": out["energy"],
+                                       "forces": out["forces"], "charges": out["charges"]}
+    return results
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_distributed_on_warp_convolution_equals_one_process(world_size):
+    from aimnet2_systems import triclinic_crystal
+    from mlipdd.testing import run_ranks
+    from mlipdd.testing.conformance import gather_by_id, relative_difference
+    from mlipdd_aimnet2.testing import random_aimnet2_wrapper
+
+    batch = triclinic_crystal().to(dtype=torch.float32)
+    with cuda_convolution_on_cpu():
+        reference = random_aimnet2_wrapper(seed=0, dtype=torch.float32, dsf_cutoff=DSF_CUTOFF)(batch)
+    parts = run_ranks(_distributed_on_warp, world_size, timeout=900)
+    for strategy in ("sharded",):
+        runs = [p[strategy] for p in parts]
+        got = {"energy": runs[0]["energy"], "forces": gather_by_id(runs, "forces", batch.num_atoms),
+               "charges": gather_by_id(runs, "charges", batch.num_atoms)}
+        # float32: the one-process call sums in another order (and its DSF goes through the kernel)
+        for key, limit in {"energy": 1e-6, "forces": 1e-4, "charges": 1e-4}.items():
+            diff = relative_difference(got[key].double(), reference[key].detach().double())
+            assert diff < limit, f"{strategy}, {key}: {diff:.3g}"

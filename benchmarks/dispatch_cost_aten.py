@@ -58,17 +58,28 @@ def _median_ms(fn, repeats: int, barrier=None) -> float:
 
 
 def one_process(n_atoms: int, repeats: int) -> dict:
+    """Medians of calls taken in turn (plain, torch_function, aten, plain, ...): on a shared
+    machine a slow spell then costs every variant alike."""
     from mlipdd.distributed import DistributedModel, DomainConfig
 
     torch.set_num_threads(1)
     batch = _system(n_atoms)
     model = _lj()
-    out = {"plain": _median_ms(lambda: model(batch, compute_stress=True), repeats)}
+    calls = {"plain": lambda: model(batch, compute_stress=True)}
     for dispatch in ("torch_function", "aten"):
         dm = DistributedModel(model, DomainConfig(cutoff=8.5, skin=0.0, strategy="halo", dispatch=dispatch))
         owned = dm.partition(batch.clone())
-        out[dispatch] = _median_ms(lambda dm=dm, owned=owned: dm(owned, compute_stress=True), repeats)
-    return out
+        calls[dispatch] = lambda dm=dm, owned=owned: dm(owned, compute_stress=True)
+    times = {name: [] for name in calls}
+    for _ in range(2):
+        for call in calls.values():
+            call()
+    for _ in range(repeats):
+        for name, call in calls.items():
+            t = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t)
+    return {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
 
 
 def rank_timing(rank, world_size, n_atoms, repeats):

@@ -1,8 +1,8 @@
 """PME's reciprocal part per call with the Green function kept between calls (NOTE [Green
 function cache] in plugins/ewald_pme/mlipdd_ewald_pme/pme.py) and without.
 
-Rattled rock salt (Na+/Cl-, tilted cell), the splitting of an 8 A cutoff at accuracy 1e-4 (the
-default mesh from the error estimate), the reciprocal part alone (a 1 A halo: the mesh is what is
+Rattled rock salt (Na+/Cl-, tilted cell), the splitting of an 8 A cutoff at accuracy 1e-4 (or
+``--accuracy``; the default mesh from the error estimate), the reciprocal part alone (a 1 A halo: the mesh is what is
 timed), energy + forces by autograd, float64, one process, one thread; replicated mesh with the
 torch and the Warp splines, and the distributed mesh. Three code states:
 
@@ -45,7 +45,7 @@ def _time(fn, repeats: int) -> float:
     return best
 
 
-def worker(sizes, repeats, cache: bool) -> list[dict]:
+def worker(sizes, repeats, cache: bool, accuracy: float = ACCURACY, modes=MODES) -> list[dict]:
     """Timings of this interpreter's plugin (whichever tree PYTHONPATH puts first)."""
     import torch
     from mlipdd.neighbors import attach_neighbors
@@ -60,8 +60,8 @@ def worker(sizes, repeats, cache: bool) -> list[dict]:
         cells = max(1, round((size / 8) ** (1 / 3)))
         batch = rock_salt((cells, cells, cells), rattle=0.1, seed=0)
         attach_neighbors(batch, 1.0)
-        for mode in MODES:
-            model = reciprocal_only(mode, CUTOFF, ACCURACY)
+        for mode in modes:
+            model = reciprocal_only(mode, CUTOFF, accuracy)
             seconds = _time(lambda m=model, b=batch: m(b), repeats)
             cell = batch.cell[0]
             dims = model.mesh_dimensions(batch.cell)[0]
@@ -72,13 +72,13 @@ def worker(sizes, repeats, cache: bool) -> list[dict]:
     return rows
 
 
-def _run_tree(tree: pathlib.Path | None, sizes, repeats, cache: bool) -> list[dict]:
+def _run_tree(tree: pathlib.Path | None, sizes, repeats, cache: bool, accuracy: float) -> list[dict]:
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(tree / "core"), str(tree / "plugins/ewald_pme"),
                                              env.get("PYTHONPATH", "")])
     command = [sys.executable, __file__, "--worker", "--sizes", ",".join(map(str, sizes)),
-               "--repeats", str(repeats), *(["--cache"] if cache else [])]
+               "--repeats", str(repeats), "--accuracy", str(accuracy), *(["--cache"] if cache else [])]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=True, cwd=ROOT / "benchmarks")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -89,12 +89,14 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--before", default=None, help="git revision of the code before the cache")
     parser.add_argument("--name", default="pme_green_cache")
+    parser.add_argument("--accuracy", type=float, default=ACCURACY, help="sets the splitting and the default mesh")
+    parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--cache", action="store_true")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.worker:
-        print(json.dumps(worker(sizes, args.repeats, args.cache)))
+        print(json.dumps(worker(sizes, args.repeats, args.cache, args.accuracy, args.modes.split(","))))
         return 0
     from _common import write_results
 
@@ -104,10 +106,10 @@ def main(argv=None):
             archive = subprocess.run(["git", "archive", args.before, "core", "plugins/ewald_pme"], cwd=ROOT,
                                      capture_output=True, check=True).stdout
             subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-            states["before"] = _run_tree(pathlib.Path(tmp), sizes, args.repeats, cache=False)
+            states["before"] = _run_tree(pathlib.Path(tmp), sizes, args.repeats, False, args.accuracy)
             assert all(tmp in r["module"] for r in states["before"]), "the exported tree was not imported"
-        states["cache off"] = _run_tree(None, sizes, args.repeats, cache=False)
-        states["cache on"] = _run_tree(None, sizes, args.repeats, cache=True)
+        states["cache off"] = _run_tree(None, sizes, args.repeats, False, args.accuracy)
+        states["cache on"] = _run_tree(None, sizes, args.repeats, True, args.accuracy)
     rows = []
     for i, on in enumerate(states["cache on"]):
         row = {"atoms": on["atoms"], "mode": on["mode"], "mesh": on["mesh"], "green function s": on["green function s"]}
@@ -121,7 +123,8 @@ def main(argv=None):
         rows.append(row)
         print(row, flush=True)
     columns = list(dict.fromkeys(k for r in rows for k in r))
-    notes = (f"Reciprocal part only (energy + forces by autograd), float64, order-6 B-splines, one process, one "
+    notes = (f"Accuracy {args.accuracy} (mesh from the error estimate), cutoff {CUTOFF} A. "
+             f"Reciprocal part only (energy + forces by autograd), float64, order-6 B-splines, one process, one "
              f"thread, CPU seconds, best of {args.repeats} after a warm-up; 'before' = {args.before}. Load average "
              f"at the start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared). 'green function s': "
              "building it once (what a cached call saves).")

@@ -55,6 +55,7 @@ def _md_on_ranks(rank, world_size, steps):
     eager, compiled = _models(model, 4.5)
     system = awkward_systems((18, 36)) if rank == 0 else None
     owned, mirror = eager.partition(system), compiled.partition(system)
+    assert torch.equal(owned.atom_ids, mirror.atom_ids)  # the deeper shell chose the same grid
     worst: dict = {}
     generator = torch.Generator().manual_seed(rank)
     # a common drift carries atoms across the cut planes (migration at every rebuild) in few steps
@@ -96,6 +97,7 @@ def _mace_on_ranks(rank, world_size):
     eager, compiled = _models(model, 4.0)
     system = triclinic(species=(18, 36), reps=3) if rank == 0 else None
     owned, mirror = eager.partition(system), compiled.partition(system)
+    assert torch.equal(owned.atom_ids, mirror.atom_ids)  # the deeper shell chose the same grid
     worst: dict = {}
     _worst(worst, eager(owned, compute_stress=True), compiled(mirror, compute_stress=True))
     return worst, model.message_passing_layers, compiled.compile_stats

@@ -60,7 +60,11 @@ def _worker(rank, world_size, port, fn, args, kwargs, results, backend, threads)
 
     torch.set_num_threads(threads)
     try:
-        dist.init_process_group(backend, rank=rank, world_size=world_size)
+        try:
+            dist.init_process_group(backend, rank=rank, world_size=world_size)
+        except BaseException:  # noqa: BLE001 - see NOTE [port race]
+            results.put((rank, False, _NOT_JOINED + traceback.format_exc()))
+            return
         out = fn(rank, world_size, *args, **kwargs)
         buffer = io.BytesIO()  # plain bytes: torch's queue pickling shares memory the rank frees on exit
         torch.save(_to_cpu(out), buffer)
@@ -97,19 +101,20 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args, timeout: float = 3
               backend: str = "gloo", threads: int = 1, **kwargs) -> list[Any]:
     """``fn(rank, world_size, *args, **kwargs)`` on each rank; returns results by rank."""
     # NOTE [port race]: `free_port` hands the port back before rank 0 binds it, so on a
-    # busy machine another process can take it first. That failure happens before any
-    # rank ran `fn` (rank 0 could not host the store), so launching again on a fresh
-    # port is safe.
+    # busy machine another process can take it first; under heavy load gloo's full-mesh
+    # connect can also drop a peer ("Connection closed by peer"). Both fail before the
+    # group exists, so no collective of `fn` ran: the launch stops at once (the peers
+    # would wait out `timeout` in the half-built mesh) and runs again on a fresh port.
     for attempt in range(3):
         try:
             return _launch(fn, world_size, args, kwargs, timeout, backend, threads)
         except RankFailure as failure:
-            if attempt == 2 or not any(_PORT_TAKEN in m.lower() for m in failure.failures.values()):
+            if attempt == 2 or not any(m.startswith(_NOT_JOINED) for m in failure.failures.values()):
                 raise
     raise AssertionError("unreachable")
 
 
-_PORT_TAKEN = "address already in use"
+_NOT_JOINED = "[the rank could not join the process group] "
 
 
 def _launch(fn, world_size, args, kwargs, timeout, backend, threads) -> list[Any]:
@@ -136,6 +141,8 @@ def _launch(fn, world_size, args, kwargs, timeout, backend, threads) -> list[Any
                 collected[rank] = _load(payload)
             else:
                 failures[rank] = payload
+                if payload.startswith(_NOT_JOINED):
+                    break  # the group will not form: relaunch now, not after `timeout`
     finally:
         for p in procs:
             p.join(timeout=10)

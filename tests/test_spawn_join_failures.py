@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from mlipdd.testing.spawn import _NOT_JOINED, RankFailure, run_ranks
 
 

@@ -62,7 +62,7 @@ demo: install
 	$(VENV)/bin/mlipdd run
 
 test: install
-	$(PY) -m pytest tests $(PLUGIN_TEST_DIRS) --mlipdd-world-sizes=$(WORLD_SIZES)
+	$(PY) -m pytest tests $(PLUGIN_TEST_DIRS) --mlipdd-world-sizes=$(WORLD_SIZES) --durations=40
 
 # Wheels of the core, every plugin and the e3nn-0.6 mace-torch; see the README's Install.
 dist: venv

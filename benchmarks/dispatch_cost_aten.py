@@ -27,7 +27,7 @@ _HERE = pathlib.Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 
 import torch
-from _common import RESULTS, machine
+from _common import RESULTS, machine, median_time
 
 
 def _lj():
@@ -43,18 +43,7 @@ def _system(n_atoms: int):
 
 
 def _median_ms(fn, repeats: int, barrier=None) -> float:
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if barrier:
-            barrier()
-        t = time.perf_counter()
-        fn()
-        if barrier:
-            barrier()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
+    return 1e3 * median_time(fn, repeats, warmup=2, sync=barrier)
 
 
 def one_process(n_atoms: int, repeats: int) -> dict:

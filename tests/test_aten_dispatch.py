@@ -13,7 +13,7 @@ import torch
 from mlipdd.data import InputError
 from mlipdd.distributed import DistributedModel, DomainConfig
 from mlipdd.models.lj import LennardJones
-from mlipdd.shard.aten import AtenRefusal, declare_row_local
+from mlipdd.shard.aten import AtenRefusal, ShardTensor, declare_row_local
 from mlipdd.shard.aten.row_local import USER_ROW_LOCAL
 from mlipdd.strategy.aten_halo import AtenHaloStrategy, strategy_for_dispatch
 from mlipdd.strategy.halo import HaloStrategy
@@ -55,6 +55,27 @@ def test_switch_default_is_the_torch_function_dispatch(monkeypatch):
     assert strategy_for_dispatch(HaloStrategy, DomainConfig(cutoff=3.0)) is AtenHaloStrategy
     with pytest.raises(InputError, match="not one of"):
         strategy_for_dispatch(HaloStrategy, DomainConfig(cutoff=3.0, dispatch="python"))
+    compiled = DomainConfig(cutoff=3.0, dispatch="aten", compile=True)
+    assert strategy_for_dispatch(HaloStrategy, compiled, world_size=1) is AtenHaloStrategy  # the plain model
+    with pytest.raises(InputError, match="at several ranks"):
+        strategy_for_dispatch(HaloStrategy, compiled, world_size=2)
+
+
+def checked_at_one_rank(dm):
+    """The rules at one process (NOTE [aten at one rank]: one rank hands plain tensors)."""
+    dm.strategy.rows_at_one_rank = True
+    return dm
+
+
+def test_one_rank_hands_plain_tensors_and_equals_the_model():
+    model = SortsAtoms(epsilon=0.0104, sigma=3.4, cutoff=7.0)  # refused at several ranks; exact at one
+    batch = triclinic(species=(18,), reps=3)
+    dm = DistributedModel(model, DomainConfig(cutoff=7.0, skin=0.5, **ATEN))
+    out = dm(dm.partition(batch.clone()), compute_stress=True)
+    assert not isinstance(dm.last_padded.positions, ShardTensor)
+    reference = model(batch, compute_stress=True)
+    for name in ("energy", "forces", "stress"):
+        assert torch.allclose(out[name], reference[name], rtol=1e-12, atol=1e-14), name
 
 
 class SortsAtoms(LennardJones):
@@ -67,7 +88,7 @@ class SortsAtoms(LennardJones):
 
 def test_an_op_without_a_rule_is_refused_by_name():
     model = SortsAtoms(epsilon=0.0104, sigma=3.4, cutoff=7.0)
-    dm = DistributedModel(model, DomainConfig(cutoff=7.0, **ATEN))
+    dm = checked_at_one_rank(DistributedModel(model, DomainConfig(cutoff=7.0, **ATEN)))
     owned = dm.partition(triclinic(reps=3))
     with pytest.raises(AtenRefusal, match=r"aten::sort.*from `aten::index_add`.*Fix:"):
         dm(owned)
@@ -83,7 +104,7 @@ def test_a_declared_row_local_op_runs():
 
     model = Sinc(epsilon=0.0104, sigma=3.4, cutoff=7.0)
     batch = triclinic(reps=3)
-    dm = DistributedModel(model, DomainConfig(cutoff=7.0, **ATEN))
+    dm = checked_at_one_rank(DistributedModel(model, DomainConfig(cutoff=7.0, **ATEN)))
     owned = dm.partition(batch)
     with pytest.raises(AtenRefusal, match="aten::sinc"):
         dm(owned)

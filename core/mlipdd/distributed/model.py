@@ -68,7 +68,7 @@ class DistributedModel(nn.Module):
         self.config = config
         self.group = group
         strategy_cls = get_strategy(config.strategy_name)
-        strategy_cls = strategy_for_dispatch(strategy_cls, config)  # issue 21: the aten dispatch
+        strategy_cls = strategy_for_dispatch(strategy_cls, config, group_size(group))  # issue 21: the aten dispatch
         self.spec = resolve_spec(model, config.strategy, spec)
         policy = self.spec.distribution.policy
         if not strategy_cls.accepts(policy):

@@ -27,14 +27,25 @@ from mlipdd.strategy.halo import HaloStrategy, model_inputs
 class AtenHaloStrategy(HaloStrategy):
     """`HaloStrategy` with the aten dispatch's rows (module docstring)."""
 
+    rows_at_one_rank = False  # NOTE [aten at one rank]
+
+    def _plain(self) -> bool:
+        return self.state.plan.world_size == 1 and not self.rows_at_one_rank
+
     @contextlib.contextmanager
     def model_scope(self, meta):
         """Factories make ShardTensors (NOTE [aten factories]); balance="time" times the call."""
-        with factory_rows(meta), self.halo.balance.timing():
+        with (factory_rows(meta) if meta is not None else contextlib.nullcontext()), self.halo.balance.timing():
             yield
 
-    def model_batch(self, batch: Batch, spec) -> tuple[Batch, HaloContext]:
+    def model_batch(self, batch: Batch, spec) -> tuple[Batch, HaloContext | None]:
         state = self.state
+        if self._plain():  # NOTE [aten at one rank]: the owned rows themselves, no context
+            node = {"positions": batch.positions.detach().requires_grad_(True), "atomic_numbers": batch.atomic_numbers,
+                    "batch": batch.batch, "atom_ids": batch.atom_ids, **model_inputs(batch)}
+            plain = Batch._from_dicts(node, dict(batch.system))
+            plain.neighbors, plain.n_owned = state.neighbors, batch.num_atoms
+            return plain, None
         ctx = HaloContext(plan=state.plan, n_edges=state.neighbors.num_edges, group=self.group)
         positions = batch.positions.detach().requires_grad_(True)
         padded_positions = self.halo.padded_positions(positions, batch.cell, state)
@@ -60,7 +71,7 @@ class AtenHaloStrategy(HaloStrategy):
         padded.neighbors.edge_index._meta = ctx  # NOTE [skin edges at one rank]: a list the strategy tracks
         return padded, ctx
 
-    def consolidate(self, outputs: dict, meta: HaloContext, spec, autograd_outputs) -> dict:
+    def consolidate(self, outputs: dict, meta: HaloContext | None, spec, autograd_outputs) -> dict:
         result = {}
         for name, value in outputs.items():
             if not isinstance(value, ShardTensor):
@@ -94,8 +105,9 @@ def dispatch_of(config) -> str:
     return name
 
 
-def strategy_for_dispatch(strategy_cls: type, config) -> type:
-    """The strategy class to run: ``strategy_cls``, or its aten-dispatch form."""
+def strategy_for_dispatch(strategy_cls: type, config, world_size: int | None = None) -> type:
+    """The strategy class to run: ``strategy_cls``, or its aten-dispatch form (``world_size``
+    None: not known yet, taken as several ranks)."""
     if dispatch_of(config) != "aten":
         return strategy_cls
     from mlipdd.data import InputError
@@ -105,6 +117,8 @@ def strategy_for_dispatch(strategy_cls: type, config) -> type:
             f"the aten dispatch (DomainConfig(dispatch='aten') / MLIPDD_DISPATCH=aten) runs halo storage only so "
             f"far, not {getattr(strategy_cls, 'name', strategy_cls)!r}: use strategy='halo', or the default dispatch"
         )
-    if getattr(config, "compile", False) or getattr(config, "cuda_graph", False):
-        raise InputError("the aten dispatch runs eager force calls; leave compile / cuda_graph off with it")
+    if world_size != 1 and (getattr(config, "compile", False) or getattr(config, "cuda_graph", False)):
+        # one rank compiles / graphs the plain model (NOTE [aten at one rank]); several not yet
+        raise InputError("the aten dispatch runs eager force calls at several ranks; leave compile / cuda_graph "
+                         "off with it there, or use the default dispatch")
     return AtenHaloStrategy

@@ -8,6 +8,8 @@ already replicated, partial stress summed).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -23,6 +25,7 @@ from mlipdd.comm import (
 from mlipdd.data import Batch, InputError, check_not_empty
 from mlipdd.distributed.compiled import CompiledForceCall
 from mlipdd.distributed.compiled_halo import CompiledHaloCall, compiled_on_ranks
+from mlipdd.distributed.compiled_partition import CompiledPartitionCall
 from mlipdd.distributed.config import DomainConfig, resolve_strategy
 from mlipdd.distributed.cuda_graph import TRIM_MARGIN, GraphedForceCall, edges_within
 from mlipdd.plugins import get_strategy
@@ -101,16 +104,21 @@ class DistributedModel(nn.Module):
             trim = config.cutoff if config.skin > 0 else None
             self._graphed = GraphedForceCall(self._call_model, trim_to=trim)
         self._compiled: CompiledForceCall | None = None
-        self._compiled_halo: CompiledHaloCall | None = None
+        self._compiled_halo: CompiledHaloCall | CompiledPartitionCall | None = None  # the several-rank call
         if config.compile:
             self._build_compiled(model, config)
 
     def _build_compiled(self, model, config: DomainConfig) -> None:
         options = {"reach": config.halo_width, "backend": config.compile_backend, "headroom": config.compile_headroom}
-        if self.strategy.world_size == 1:
-            def model_call(batch, stress):  # the contexts are entered around the compiled call
-                return self.model(batch, compute_stress=stress)
+        def model_call(batch, stress):  # the contexts are entered around the compiled call
+            return self.model(batch, compute_stress=stress)
 
+        if self.strategy.whole_system:  # graph partition: collectives traced in (compiled_partition)
+            autograd_outputs = getattr(model.model_config, "autograd_outputs", frozenset())
+            self._compiled_halo = self._compiled = CompiledPartitionCall(
+                model_call, self.strategy, self.spec, self.group, autograd_outputs, backend=config.compile_backend)
+            return
+        if self.strategy.world_size == 1:
             self._compiled = CompiledForceCall(model_call, model_call, **options)
             return
         self._compiled_halo = compiled_on_ranks(model, self.strategy, self.spec, self.group, config, **options)
@@ -251,7 +259,10 @@ class DistributedModel(nn.Module):
                 outputs = self._call_model(model_batch, compute_stress)
             return self.strategy.consolidate(outputs, meta, self.spec, autograd_outputs)
 
-        with installed(self.spec):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(installed(self.spec))
+            if isinstance(self._compiled_halo, CompiledPartitionCall):  # the model's own code is compiled
+                stack.enter_context(activated(self.spec, row_ids=model_batch.atom_ids))
             return self._compiled_halo(model_batch, meta, compute_stress, eager)
 
     def _within_cutoff(self, model_batch: Batch) -> Batch:

@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from mlipdd.data import InputError
+from mlipdd.shard import traced_collectives as traced
 from mlipdd.shard.exchange import all_reduce_sum
 
 __all__ = ["NodePartition", "PartitionScope", "current_partition", "gather_nodes", "gather_rows",
@@ -128,6 +129,9 @@ def current_partition() -> NodePartition | None:
     never asked, since a model unaware of the partition would do all the work on every
     rank and its forces would be counted ``world_size`` times.
     """
+    if torch.compiler.is_compiling():  # dynamo cannot read a ContextVar: mlipdd.shard.traced_collectives
+        traced.HOLDER.asked = True
+        return traced.HOLDER.partition
     scope = _ACTIVE.get()
     if scope is None:
         return None
@@ -185,7 +189,9 @@ def gather_nodes(x_owned: torch.Tensor) -> torch.Tensor:
         return x_owned
     if x_owned.shape[0] != p.n_owned:
         raise _rows_error("gather_nodes", x_owned.shape[0], p, owned=True)
-    return x_owned if p.world_size == 1 else _GatherNodes.apply(x_owned, p)
+    if p.world_size == 1:
+        return x_owned
+    return traced.traced_gather(x_owned, p) if torch.compiler.is_compiling() else _GatherNodes.apply(x_owned, p)
 
 
 def scatter_to_owners(x_full: torch.Tensor) -> torch.Tensor:
@@ -195,7 +201,11 @@ def scatter_to_owners(x_full: torch.Tensor) -> torch.Tensor:
         return x_full
     if x_full.shape[0] != p.n_nodes:
         raise _rows_error("scatter_to_owners", x_full.shape[0], p)
-    return x_full if p.world_size == 1 else _ScatterToOwners.apply(x_full, p)
+    if p.world_size == 1:
+        return x_full
+    if torch.compiler.is_compiling():
+        return traced.traced_reduce_scatter(x_full, p)
+    return _ScatterToOwners.apply(x_full, p)
 
 
 def sum_over_ranks(partial: torch.Tensor) -> torch.Tensor:
@@ -204,7 +214,7 @@ def sum_over_ranks(partial: torch.Tensor) -> torch.Tensor:
     p = current_partition()
     if p is None or p.world_size == 1:
         return partial
-    return all_reduce_sum(partial, p.group)
+    return traced.traced_sum(partial) if torch.compiler.is_compiling() else all_reduce_sum(partial, p.group)
 
 
 def _rows_error(what: str, rows: int, p: NodePartition, owned: bool = False) -> InputError:

@@ -1,0 +1,110 @@
+"""`CompiledPartitionCall`: ``DomainConfig(compile=True)`` under the graph-partition strategy.
+
+Under graph partition the model already runs on plain tensors (the full gathered
+geometry, its own graph) and crosses ranks only where it calls the partition helpers
+(`gather_nodes`, `scatter_to_owners`, `sum_over_ranks`). Under ``torch.compile`` those
+helpers switch to functional collectives (`mlipdd.shard.traced_collectives`), so the
+exchanges are traced INTO the compiled forward and its force backward: nothing is
+padded, nothing is deepened, and each rank still computes only its owned block.
+
+# NOTE [no caps under graph partition]
+Atoms never change owner here and every rank holds the full geometry, so the compiled
+call's inputs keep their shapes for the whole run: there is nothing to pad. What varies
+is the graph the model builds inside its forward (edges per call), which dynamo sees as
+sizes inside the graph or as inputs of the graph after a break (a neighbour-list library
+call); these dimensions go dynamic at their first change (dynamo's automatic dynamic
+shapes, ``dynamic=None``), so an MD run compiles a second time, then no more.
+
+The first call, and every call that compiled a new graph on any rank, is also run on
+the eager graph-partition path and compared on every rank (NOTE [compiled equals eager]
+in mlipdd.distributed.compiled), the decision agreed first: both paths issue collectives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from mlipdd.comm import agree_on_errors, any_rank
+from mlipdd.distributed.compiled import (
+    RECOMPILE_LIMIT,
+    _fresh_copy,
+    _padded_call,
+    differs_from_eager,
+)
+from mlipdd.shard.traced_collectives import traced_partition
+
+__all__ = ["CompiledPartitionCall"]
+
+
+class CompiledPartitionCall:
+    """``call(model_batch, meta, compute_stress, eager_call) -> consolidated outputs``.
+
+    ``model_call(batch, stress)``: the model's force call (compiled); ``scope(meta)``: the
+    strategy's model scope, entered around it (graph breaks run eagerly and read the
+    partition from there). Counters as in `CompiledForceCall` (no caps: NOTE [no caps
+    under graph partition])."""
+
+    caps = None
+
+    def __init__(self, model_call, strategy, spec, group, autograd_outputs, backend: str = "inductor"):
+        self.model_call = model_call
+        self.strategy = strategy
+        self.spec = spec
+        self.group = group
+        self.autograd_outputs = autograd_outputs
+        self.backend = backend
+        self.compiles = 0
+        self.graphs = 0
+        self.checks = 0
+        self.compile_seconds = 0.0
+        self.traced_collectives = 0  # functional collectives dynamo put in the graphs (none: nothing was traced)
+        self._keys: set[tuple] = set()
+        self._compiled = torch.compile(_fresh_copy(_padded_call), backend=self._counting_backend, dynamic=None)
+
+    @property
+    def recompiles(self) -> int:
+        return max(self.compiles - 1, 0)
+
+    def _counting_backend(self, gm, example_inputs):
+        self.graphs += 1
+        self.traced_collectives += sum(_is_functional_collective(node.target) for node in gm.graph.nodes)
+        return torch._dynamo.lookup_backend(self.backend)(gm, example_inputs)
+
+    def __call__(self, model_batch, meta, compute_stress: bool, eager_call) -> dict:
+        scope = meta.notes["scope"]
+        compute_stress = bool(compute_stress)
+        graphs_before, start = self.graphs, time.perf_counter()
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.strategy.model_scope(meta))
+            holder = stack.enter_context(traced_partition(scope.partition))
+            stack.enter_context(torch._dynamo.config.patch(trace_autograd_ops=True, recompile_limit=RECOMPILE_LIMIT,
+                                                           fail_on_recompile_limit_hit=True))
+            stack.enter_context(torch.no_grad())
+            outputs = self._compiled(self.model_call, model_batch, compute_stress)
+            scope.used = scope.used or holder.asked
+        if self.graphs == 0:
+            raise RuntimeError(
+                "DomainConfig(compile=True): torch.compile produced no graph (it ran the force call "
+                "eagerly, e.g. under torch._dynamo.disable); run with compile=False"
+            )
+        compiled_now = self.graphs > graphs_before
+        if compiled_now:
+            self.compiles += 1
+            self.compile_seconds += time.perf_counter() - start
+        key = compute_stress
+        first = key not in self._keys
+        self._keys.add(key)
+        result = self.strategy.consolidate(outputs, meta, self.spec, self.autograd_outputs)
+        if any_rank(first or compiled_now, self.group):  # every rank runs the eager path, or none
+            self.checks += 1
+            agree_on_errors(differs_from_eager(result, eager_call(), None), self.group)
+        return result
+
+
+def _is_functional_collective(target) -> bool:
+    """A graph node that calls ``torch.distributed._functional_collectives`` (dynamo records
+    the Python function or its ``_c10d_functional`` op)."""
+    return "functional_collectives" in getattr(target, "__module__", "") or "c10d_functional" in str(target)

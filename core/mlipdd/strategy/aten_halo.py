@@ -18,6 +18,7 @@ import torch
 
 from mlipdd.data import Batch
 from mlipdd.shard.aten import EDGES, GHOSTED, HaloContext, Rows, ShardTensor, from_local, owned_rows
+from mlipdd.shard.aten.adapters import AdaptedOps
 from mlipdd.shard.aten.factories import factory_rows
 from mlipdd.shard.aten.placement import Replicate
 from mlipdd.shard.exchange import pad
@@ -32,10 +33,20 @@ class AtenHaloStrategy(HaloStrategy):
     def _plain(self) -> bool:
         return self.state.plan.world_size == 1 and not self.rows_at_one_rank
 
+    def use_spec(self, spec) -> None:
+        super().use_spec(spec)
+        self._adapted = bool(spec.distribution.custom_ops)
+
     @contextlib.contextmanager
     def model_scope(self, meta):
-        """Factories make ShardTensors (NOTE [aten factories]); balance="time" times the call."""
-        with (factory_rows(meta) if meta is not None else contextlib.nullcontext()), self.halo.balance.timing():
+        """Factories make ShardTensors (NOTE [aten factories]), the spec's OpAdapters act on
+        custom ops (NOTE [aten op adapters]); balance="time" times the call."""
+        with contextlib.ExitStack() as scope:
+            if meta is not None:
+                scope.enter_context(factory_rows(meta))
+                if getattr(self, "_adapted", False):
+                    scope.enter_context(AdaptedOps(meta))
+            scope.enter_context(self.halo.balance.timing())
             yield
 
     def model_batch(self, batch: Batch, spec) -> tuple[Batch, HaloContext | None]:
@@ -111,14 +122,18 @@ def strategy_for_dispatch(strategy_cls: type, config, world_size: int | None = N
     if dispatch_of(config) != "aten":
         return strategy_cls
     from mlipdd.data import InputError
+    from mlipdd.strategy.aten_sharded import AtenShardedStrategy
+    from mlipdd.strategy.sharded import ShardedStrategy
 
-    if strategy_cls is not HaloStrategy:
+    aten_cls = {HaloStrategy: AtenHaloStrategy, ShardedStrategy: AtenShardedStrategy}.get(strategy_cls)
+    if aten_cls is None:
         raise InputError(
-            f"the aten dispatch (DomainConfig(dispatch='aten') / MLIPDD_DISPATCH=aten) runs halo storage only so "
-            f"far, not {getattr(strategy_cls, 'name', strategy_cls)!r}: use strategy='halo', or the default dispatch"
+            f"the aten dispatch (DomainConfig(dispatch='aten') / MLIPDD_DISPATCH=aten) runs halo and sharded storage "
+            f"so far, not {getattr(strategy_cls, 'name', strategy_cls)!r}: use strategy='halo' or 'sharded', or the "
+            "default dispatch"
         )
     if world_size != 1 and (getattr(config, "compile", False) or getattr(config, "cuda_graph", False)):
         # one rank compiles / graphs the plain model (NOTE [aten at one rank]); several not yet
         raise InputError("the aten dispatch runs eager force calls at several ranks; leave compile / cuda_graph "
                          "off with it there, or use the default dispatch")
-    return AtenHaloStrategy
+    return aten_cls

@@ -16,8 +16,22 @@ from mlipdd.comm import group_size
 from mlipdd.shard.exchange import _send_forward, _send_reverse
 
 
+class OwnedRowsOnly:
+    """The storage plan of sharded storage (NOTE [aten sharded storage]): every rank stores
+    its owned rows and no ghost row, so converting between the atom kinds is the identity
+    and sends nothing. Every rank of a sharded run holds one, so skipping the exchange is
+    the same decision on all of them (collectives stay in step)."""
+
+    n_ghost = 0
+
+    def __init__(self, n_owned: int):
+        self.n_owned = self.n_padded = n_owned
+
+
 def _rows_first(fn, local: torch.Tensor, dim: int, plan, group: int = 1) -> torch.Tensor:
     """``fn`` on the rows moved to dim 0 (rows merged with ``group`` entries each: split)."""
+    if isinstance(plan, OwnedRowsOnly):
+        return local
     if group != 1:
         split = local.unflatten(dim, (local.shape[dim] // group, group))
         return _rows_first(fn, split, dim, plan).flatten(dim, dim + 1)
@@ -54,6 +68,18 @@ def fill(local: torch.Tensor, dim: int, plan, group: int = 1) -> torch.Tensor:
 def zero_ghosts(local: torch.Tensor, dim: int, plan, group: int = 1) -> torch.Tensor:
     """GHOSTED/OWNED -> SHARES: the ghost rows' share is nothing."""
     return _rows_first(_zero_ghosts, local, dim, plan, group)
+
+
+def fetch(local: torch.Tensor, dim: int, reads) -> torch.Tensor:
+    """Sharded storage: owned rows -> ``[owned | request table]``, the rows an edge index
+    names (each remote row sent by its owner: one all_to_all)."""
+    return _rows_first(_fill, local, dim, reads)
+
+
+def deliver(table: torch.Tensor, dim: int, reads) -> torch.Tensor:
+    """Sharded storage: ``[owned | request table]`` sums -> owned rows, each request-table
+    row sent to its owner and added there (one all_to_all; the adjoint of `fetch`)."""
+    return _rows_first(_accumulate, table, dim, reads).narrow(dim, 0, reads.n_owned)
 
 
 def all_reduce(local: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:

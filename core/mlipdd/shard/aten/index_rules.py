@@ -17,6 +17,25 @@
   table's gradient) sums the rows that count once and all-reduces the sum.
 * Any other index meets rows it cannot name (an index of plain values into rows, rows
   picked by position): refused.
+
+# NOTE [aten sharded storage]
+Under sharded storage (`mlipdd.strategy.aten_sharded`) a rank stores its owned rows only,
+and its edge index addresses ``[owned | request table]``: ``n_owned + k`` is the k-th
+remote atom this rank reads (``HaloContext.reads``, an `ExchangePlan` grouped by owner).
+No ghost row is stored, so every atom-row tensor is complete on its rows (GHOSTED, the
+storage plan `comm.OwnedRowsOnly` makes the kind changes identities), and the two halo
+rules become exchanges at the op itself:
+
+* a read by the edge index fetches the request table from the owners (`comm.fetch`),
+  indexes ``[owned | request table]`` and drops the table;
+* a scatter by the edge index adds into a zero ``[owned | request table]`` and sends each
+  request-table row's sum to its owner (`comm.deliver`), which adds it to its row: the
+  result is complete owned rows at once (the shape of the accumulator is the owned rows,
+  so shares of remote atoms cannot wait in it).
+
+Each is the other's adjoint, and autograd reaches them through the same rules (the
+gradient of a read is a scatter, NOTE [aten gradients]), so no gradient code exists here
+either. Every rank issues them at the same op, whatever its index holds.
 """
 
 from __future__ import annotations
@@ -24,7 +43,7 @@ from __future__ import annotations
 import torch
 
 from mlipdd.shard.aten import comm
-from mlipdd.shard.aten.placement import EDGES, REPLICATE, SHARES, Rows
+from mlipdd.shard.aten.placement import EDGES, GHOSTED, REPLICATE, SHARES, Rows
 from mlipdd.shard.aten.rules import (
     as_ghosted,
     as_owned,
@@ -42,17 +61,31 @@ from mlipdd.shard.aten.tensor import ShardTensor, unwrap
 aten = torch.ops.aten
 
 
-def _read_source(func, args, kwargs, x, dim):
-    """x's local tensor for a read along ``dim`` by an index of atom rows."""
+def _read_source(func, args, kwargs, x, dim, ctx):
+    """x's local tensor for a read along ``dim`` by an index of atom rows: every row the
+    index can name (sharded storage: the request table appended, NOTE [aten sharded storage])."""
     p = rows_of(x)
     if p is None:
         if isinstance(x, torch.Tensor) and not uniform_along(x, dim):
             refuse(func, args, kwargs, "it reads a replicated or plain tensor by atom rows: its rows are not "
                    "this rank's atoms", "read distributed atom rows (built from the model's inputs)")
-        return unwrap(x)
+        return _uniform_table(unwrap(x), dim, ctx.reads)
     if not p.is_atoms() or p.dim != dim or p.group != 1:
         refuse(func, args, kwargs, f"the index names atom rows, but the tensor holds {p} (read along dim {dim})")
+    if ctx.reads is not None:
+        return comm.fetch(as_ghosted(x), dim, ctx.reads)
     return as_ghosted(x)
+
+
+def _uniform_table(local, dim, reads):
+    """A tensor equal along its rows (``torch.ones(n, F)``) read by the edge index: under
+    sharded storage its request-table rows are copies of any row, nothing is sent."""
+    if reads is None or reads.n_ghost == 0 or local.dim() <= dim or local.shape[dim] != reads.n_owned \
+            or reads.n_owned == 0:
+        return local
+    extra = list(local.shape)
+    extra[dim] = reads.n_ghost
+    return torch.cat([local, local.narrow(dim, 0, 1).expand(extra)], dim)
 
 
 def _index_place(idx: Rows, dim: int, values=None) -> Rows:
@@ -78,7 +111,7 @@ def _read(func, args, kwargs, x, dim, idx, op):
     xp = rows_of(x)
     ip = rows_of(idx)
     if ip is not None and ip.values == "atoms":
-        src = _read_source(func, args, kwargs, x, dim)
+        src = _read_source(func, args, kwargs, x, dim, idx._ctx)
         values = xp.values if xp else None
         return finish(func, args, op(src, idx._local), _index_place(ip, dim, values), idx._ctx)
     if xp is None:  # a replicated table read by rows of another meaning (species, systems)
@@ -175,7 +208,7 @@ def gather(func, args, kwargs):
     x, dim, idx = args[0], args[1] % max(args[0].dim(), 1), args[2]
     xp, ip = rows_of(x), rows_of(idx)
     if ip is not None and ip.values == "atoms" and ip.dim == dim:
-        src = _read_source(func, args, kwargs, x, dim)
+        src = _read_source(func, args, kwargs, x, dim, idx._ctx)
         return finish(func, args, func(src, dim, idx._local), _index_place(ip, dim), idx._ctx)
     if xp is None and ip is not None:  # a table read per row
         return finish(func, args, func(unwrap(x), dim, idx._local), Rows(ip.dim, ip.kind), idx._ctx)
@@ -192,6 +225,10 @@ def embedding(func, args, kwargs):
     ip = rows_of(idx)
     if rows_of(weight) is not None or ip is None:
         refuse(func, args, kwargs, "an embedding whose table is distributed")
+    if ip.values == "atoms":
+        refuse(func, args, kwargs, "an embedding indexed by atom row NUMBERS (an edge index): they are this "
+               "rank's local row numbers, not the atoms' numbers in one process",
+               "index a table by a property of the atoms (species), or read atom rows by the edge index")
     return finish(func, args, func(unwrap(weight), idx._local, *args[2:], **kwargs), Rows(ip.dim, ip.kind), idx._ctx)
 
 
@@ -227,6 +264,8 @@ def _scatter(func, args, kwargs, target, dim, idx, src, op, fix_index=None):
                    "the accumulator from the rows (torch.zeros_like(h), h.new_zeros(n, F) also works out of place)")
         base = as_shares(target) if tp is not None else _plain_as_shares(unwrap(target), dim, ctx)
         i, s = _scattered_rows(idx, src, ip, sp, ctx)
+        if ctx.reads is not None:
+            return _scatter_delivered(func, args, target, dim, base, op, i, s, ctx)
         if is_inplace(func) and isinstance(target, ShardTensor):
             if base is not target._local:
                 target._local.copy_(base)
@@ -246,6 +285,21 @@ def _scatter(func, args, kwargs, target, dim, idx, src, op, fix_index=None):
             return target
         return target
     return finish(func, args, base + delta, REPLICATE, ctx)
+
+
+def _scatter_delivered(func, args, target, dim, base, op, i, s, ctx):
+    """Sharded storage: the scatter into a zero ``[owned | request table]``, each remote
+    row's sum delivered to its owner (NOTE [aten sharded storage]); complete owned rows."""
+    shape = list(base.shape)
+    shape[dim] = ctx.reads.n_padded
+    delivered = comm.deliver(op(base.new_zeros(shape), i, s), dim, ctx.reads)
+    place = Rows(dim, GHOSTED)
+    if is_inplace(func) and isinstance(target, ShardTensor):
+        if base is not target._local:
+            target._local.copy_(base)
+        target._local.add_(delivered)
+        return finish(func, args, target._local, place, ctx)
+    return finish(func, args, base + delivered, place, ctx)
 
 
 def _plain_as_shares(base, dim, ctx):
@@ -430,8 +484,12 @@ def bincount(func, args, kwargs):
         w = unwrap(weights) if weights is not None else torch.ones((), dtype=torch.long).expand(x.shape)
         if weights is not None and rows_of(weights) and rows_of(weights).kind == SHARES:
             refuse(func, args, kwargs, "bincount weighted by shares of atom rows")
-        base = torch.zeros(ctx.n_padded, dtype=w.dtype if weights is not None else torch.long, device=x.device)
-        return finish(func, args, base.index_add(0, x._local, w), Rows(0, SHARES), ctx)
+        size = ctx.n_padded if ctx.reads is None else ctx.reads.n_padded
+        base = torch.zeros(size, dtype=w.dtype if weights is not None else torch.long, device=x.device)
+        counts = base.index_add(0, x._local, w)
+        if ctx.reads is not None:  # sharded storage: each remote atom's count to its owner
+            return finish(func, args, comm.deliver(counts, 0, ctx.reads), Rows(0, GHOSTED), ctx)
+        return finish(func, args, counts, Rows(0, SHARES), ctx)
     i = valid_rows(x._local, xp.as_kind("atoms-owned") if xp.is_atoms() else xp, ctx)
     w = None
     if weights is not None:

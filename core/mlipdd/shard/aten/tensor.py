@@ -43,13 +43,14 @@ class HaloContext:
     count: torch.compile guards on it (the ShardTensor's flatten metadata), so a compiled
     forward is reused until a rebuild."""
 
-    plan: object  # mlipdd.shard.exchange.ExchangePlan
+    plan: object  # mlipdd.shard.exchange.ExchangePlan (sharded storage: comm.OwnedRowsOnly)
     n_edges: int
     group: object = None
+    reads: object = None  # sharded storage: the request table's ExchangePlan (NOTE [aten sharded storage])
     _global: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.key = (id(self.plan), self.n_edges, id(self.group))  # survives the guards' copies
+        self.key = (id(self.plan), id(self.reads), self.n_edges, id(self.group))  # survives the guards' copies
 
     def __eq__(self, other) -> bool:
         return isinstance(other, HaloContext) and other.key == self.key

@@ -5,14 +5,13 @@ graph's capture is swapped for eager replays on CPU (`mlipdd.testing.graph_repla
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from mlipdd.app.simulation import (
     RunConfig,
     _run_one_rank,
     build_model,
+    format_summary,
     prepare_system,
     run_simulation,
 )
@@ -22,11 +21,6 @@ from mlipdd.testing.graph_replay import with_eager_replay
 
 MD = ["--ensemble", "nve", "--steps", "25", "--system", "lj_liquid", "--device", "cpu"]
 QUIET = ["--log-every", "0", "--progress", "off"]
-
-
-def mlipdd(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mlipdd", *args], capture_output=True, text=True, check=False,
-                          timeout=300)
 
 
 def run_json(capsys, *args: str) -> dict:
@@ -55,6 +49,9 @@ def test_compiled_run_equals_the_eager_run(capsys):
     for key in ("conserved_energy_start_eV", "temperature_final_K", "energy_drift_meV_per_atom"):
         assert compiled[key] == pytest.approx(eager[key], rel=1e-9, abs=1e-12), key
     assert compiled["neighbor_list_builds"] >= 1
+    # the text summary (what `mlipdd run` prints without --json) names the force call
+    text = format_summary(compiled)
+    assert "force call   compiled (aot_eager): " in text and "after the first" in text, text
 
 
 def test_cuda_graph_run_replayed_eagerly_equals_the_eager_run(capsys):
@@ -69,22 +66,22 @@ def test_cuda_graph_run_replayed_eagerly_equals_the_eager_run(capsys):
         assert graphed[key] == pytest.approx(eager[key], rel=1e-9, abs=1e-12), key
 
 
-def test_force_call_refusals_are_one_line_errors():
+def test_force_call_refusals_are_one_line_errors(capsys):
+    """In this process (`mlipdd.cli.main`, what `python -m mlipdd` runs); a fresh process's
+    one-line errors are checked in tests/test_run_app.py and tests/faults."""
     cases = [
         (("--cuda-graph", "--device", "cpu"), "CUDA device"),
         (("--compile", "--cuda-graph"), "choose one"),
         (("--cuda-graph", "--nproc", "2"), "one rank"),
     ]
     for flags, words in cases:
-        out = mlipdd("run", "--size", "2", "--steps", "1", "--progress", "off", *flags)
-        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, (flags, out.stderr)
-        assert words in out.stderr, (flags, out.stderr)
-
-
-def test_summary_text_names_the_compiled_force_call(capsys):
-    assert main(["run", *QUIET, *MD, "--compile", "aot_eager"]) == 0
-    text = capsys.readouterr().out
-    assert "force call   compiled (aot_eager): " in text and "after the first" in text, text
+        try:
+            code = main(["run", "--size", "2", "--steps", "1", "--progress", "off", *flags])
+        except SystemExit as done:  # an argparse-level refusal exits as it does in a fresh process
+            code = done.code
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1, (flags, err)
+        assert words in err, (flags, err)
 
 
 def test_compiled_run_on_two_ranks_equals_the_eager_run(capfd):

@@ -20,14 +20,16 @@ and parameters are frozen (``requires_grad=False``) so no layer keeps its input 
 weight gradient nobody asks for. Everything else is mace's own code.
 
 cuEquivariance's fused convolution (``conv_fusion``: gather, product and receiver sums in
-one kernel, mace's default on CUDA) keeps no message per edge but does keep each edge's
-radial weights for its backward (~1.3k floats per edge and layer for medium MACE: ~440 GiB
-at 1M atoms). `FusedEdgeChunkedMessages` calls the same kernel on ``chunk`` edges at a time,
-handing it only the node-table rows those edges read and sum into (`_row_spans`), and
-recomputes each chunk's weights in the backward.
+one kernel, mace's default on CUDA) is chunked the same way in `mlipdd_mace.chunked_fused`,
+whose backward applies the kernel's own vector-Jacobian product to recomputed radial weights.
+
+The radial weights ``R(f_e) * c_e`` (the widest per-edge tensor: ~1.3k floats for medium
+MACE) are made with the cutoff applied to the input of the radial MLP's last, bias-free
+linear layer (`radial_weights`), so no weights-sized product (nor its backward) exists.
 
 Exactness: the same operations on the same numbers; only the summation order of the
-messages changes (float64: ~1e-15 relative; float32: reorder noise).
+messages and where the cutoff multiplies change (float64: ~1e-15 relative; float32:
+reorder noise).
 
 Domain decomposition: the chunks compute on this rank's plain rows, and the one node
 scatter that finishes a layer's messages is an ordinary ``index_add`` into node rows,
@@ -49,7 +51,6 @@ import types
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from mlipdd.models import capturing
 from mlipdd.shard import ShardTensor, local
 
 
@@ -62,12 +63,40 @@ def _rows_like(ref: torch.Tensor, plain: torch.Tensor) -> torch.Tensor:
     return ShardTensor.wrap(plain, ref.meta) if isinstance(ref, ShardTensor) else plain
 
 
+def _bias_free_last_layer(mlp):
+    """(the layers before the last, the last) when ``mlp`` is an e3nn `FullyConnectedNet`
+    (mace's RealAgnostic blocks' radial MLP) ending in a layer without activation, which is
+    then linear in its input (``x @ w``, no bias); else None."""
+    from e3nn.nn import FullyConnectedNet
+
+    if not isinstance(mlp, FullyConnectedNet):
+        return None
+    layers = list(mlp.children())
+    last = layers[-1] if layers else None
+    if last is None or getattr(last, "act", True) is not None or len(list(last.parameters())) != 1:
+        return None
+    return layers[:-1], last
+
+
+def radial_weights(block, edge_feats, cutoff):
+    """The convolution's per-edge weights ``R(f) * c``, as mace computes them, except that
+    the cutoff scales the input of the radial MLP's linear last layer (``(h * c) @ w``, 16
+    wide for medium MACE) rather than its output (``(h @ w) * c``, 1,280 wide): the same
+    number up to rounding, without a weights-sized product in the forward, its saved copy
+    and its two weights-sized backward products. Other radial MLPs: mace's order."""
+    split = None if cutoff is None else _bias_free_last_layer(block.conv_tp_weights)
+    if split is None:
+        weights = block.conv_tp_weights(edge_feats)
+        return weights if cutoff is None else weights * cutoff
+    hidden, last = split
+    for layer in hidden:
+        edge_feats = layer(edge_feats)
+    return last(edge_feats * cutoff)
+
+
 def _chunk_message(block, up, edge_attrs, edge_feats, cutoff, sender):
     """mace's message of one chunk of edges (RealAgnostic*InteractionBlock, un-summed)."""
-    weights = block.conv_tp_weights(edge_feats)
-    if cutoff is not None:
-        weights = weights * cutoff
-    return block.conv_tp(up.index_select(0, sender), edge_attrs, weights)
+    return block.conv_tp(up.index_select(0, sender), edge_attrs, radial_weights(block, edge_feats, cutoff))
 
 
 class EdgeChunkedMessages(torch.autograd.Function):
@@ -142,148 +171,11 @@ def _into_node_rows(up, partial):
     return up.new_zeros(partial.shape).index_add(0, rows, partial)
 
 
-# ---- the fused cuEquivariance convolution, chunked --------------------------------------------
+def _interaction_forward(block, chunk_atoms, spans_cache):
+    """A forward for a RealAgnostic(Residual)InteractionBlock with chunked messages
+    (``spans_cache``: the fused chunks' row spans, shared by the layers of one forward)."""
+    from mlipdd_mace.chunked_fused import fused_edge_messages
 
-
-def _row_spans(edge_index: torch.Tensor, chunk: int, n_rows: int, separate: bool) -> list[tuple[int, int, int, int]]:
-    """Per chunk of ``chunk`` edges, the node-table rows ``(read_lo, read_hi, sum_lo, sum_hi)``
-    its senders read and its receivers sum into (``separate=False``: one span for both).
-
-    The fused kernel reads senders from and sums into a node table; handing it only the
-    rows a chunk touches keeps each call's output (and its backward's sender gradient) at
-    the chunk's size instead of the whole system's. Receivers come sorted (mlipdd's
-    neighbour lists), so a chunk sums into ~``chunk_atoms`` rows; its senders' span is
-    narrow for spatially ordered atoms and wide for a chunk whose neighbours wrap around a
-    periodic cell. Any order stays exact (a span is then wider, up to all rows). One host
-    sync per layer, not per chunk.
-    """
-    n = edge_index.shape[1]
-    if capturing(edge_index):
-        # a CUDA-graph capture or a compile trace refuses the host read: every chunk gets
-        # the whole table (exact; each call's output is then the system's size)
-        return [(0, n_rows, 0, n_rows)] * math.ceil(n / chunk)
-    full = n - n % chunk
-    parts = []  # [lo_sender, hi_sender, lo_receiver, hi_receiver] per chunk
-    if full:
-        blocks = edge_index[:, :full].reshape(2, -1, chunk)
-        parts.append(torch.cat([blocks.amin(dim=2), blocks.amax(dim=2)]))
-    if full < n:
-        tail = edge_index[:, full:]
-        parts.append(torch.cat([tail.amin(dim=1), tail.amax(dim=1)]).reshape(4, 1))
-    if not parts:
-        return []
-    spans = []
-    for s_lo, r_lo, s_hi, r_hi in torch.cat(parts, 1).t().tolist():
-        if not separate:
-            s_lo = r_lo = min(s_lo, r_lo)
-            s_hi = r_hi = max(s_hi, r_hi)
-        spans.append((s_lo, s_hi + 1, r_lo, r_hi + 1))
-    return spans
-
-
-def _polynomial_call(conv_tp):
-    """The cuEq polynomial behind a fused convolution, callable with separate sender and
-    receiver tables: mace's fused block is a `SegmentedPolynomial` keeping that call as
-    ``original_forward`` (its ``forward`` only unpacks ``edge_index``), the CPU stand-in
-    `mlipdd_mace.testing.ReferenceFusedConvolution` holds it as ``polynomial``. None for
-    any other fused form: it is called through its public forward on one joint span."""
-    try:
-        from cuequivariance_torch import SegmentedPolynomial
-    except ImportError:
-        return None
-    if isinstance(conv_tp, SegmentedPolynomial) and "original_forward" in vars(conv_tp):
-        return conv_tp.original_forward
-    inner = getattr(conv_tp, "polynomial", None)
-    return inner if isinstance(inner, SegmentedPolynomial) else None
-
-
-def _fused_chunk(block, call, read, sums_like, edge_attrs, edge_feats, cutoff, sender, receiver):
-    """mace's fused convolution (gather, product, receiver sums in one call) on one chunk of
-    edges: senders index ``read``, receivers ``sums_like``'s rows (both slices of the node
-    table); the sums on those rows."""
-    weights = block.conv_tp_weights(edge_feats)
-    if cutoff is not None:
-        weights = weights * cutoff
-    if call is None:  # one joint span: read and sums_like are the same rows
-        return block.conv_tp(read, edge_attrs, weights, torch.stack([sender, receiver]))
-    return call([weights, read, edge_attrs], {1: sender}, {0: sums_like}, {0: receiver})[0]
-
-
-def _chunks(chunk, spans, edge_index):
-    """(start, end, read_lo, read_hi, sum_lo, sum_hi, local senders, local receivers) per chunk."""
-    for start, (s_lo, s_hi, r_lo, r_hi) in zip(range(0, edge_index.shape[1], chunk), spans):
-        end = start + chunk
-        yield start, end, s_lo, s_hi, r_lo, r_hi, edge_index[0, start:end] - s_lo, edge_index[1, start:end] - r_lo
-
-
-class FusedEdgeChunkedMessages(torch.autograd.Function):
-    """The fused convolution's receiver sums over the node table, ``chunk`` edges per kernel
-    call on the rows each chunk touches (`_row_spans`), with a recomputing backward: the
-    chunk's radial weights are never kept, as in `EdgeChunkedMessages`."""
-
-    @staticmethod
-    def forward(ctx, block, chunk, table, edge_attrs, edge_feats, cutoff, edge_index, width):
-        call = _polynomial_call(block.conv_tp)
-        spans = _row_spans(edge_index, chunk, table.shape[0], separate=call is not None)
-        ctx.block, ctx.chunk, ctx.call, ctx.spans, ctx.has_cutoff = block, chunk, call, spans, cutoff is not None
-        ctx.save_for_backward(table, edge_attrs, edge_feats, cutoff, edge_index)
-        out = table.new_zeros((table.shape[0], width))
-        for start, end, s_lo, s_hi, r_lo, r_hi, sender, receiver in _chunks(chunk, spans, edge_index):
-            cut = cutoff[start:end] if cutoff is not None else None
-            out[r_lo:r_hi] += _fused_chunk(block, call, table[s_lo:s_hi], table[r_lo:r_hi], edge_attrs[start:end],
-                                           edge_feats[start:end], cut, sender, receiver)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        table, edge_attrs, edge_feats, cutoff, edge_index = ctx.saved_tensors
-        want = ctx.needs_input_grad
-        grad_table = torch.zeros_like(table) if want[2] else None
-        grad_attrs = torch.zeros_like(edge_attrs) if want[3] else None
-        grad_feats = torch.zeros_like(edge_feats) if want[4] else None
-        grad_cut = torch.zeros_like(cutoff) if ctx.has_cutoff and want[5] else None
-        for start, end, s_lo, s_hi, r_lo, r_hi, sender, receiver in _chunks(ctx.chunk, ctx.spans, edge_index):
-            with torch.enable_grad():
-                x = table[s_lo:s_hi].detach().requires_grad_(want[2])
-                a = edge_attrs[start:end].detach().requires_grad_(want[3])
-                f = edge_feats[start:end].detach().requires_grad_(want[4])
-                c = cutoff[start:end].detach().requires_grad_(grad_cut is not None) if ctx.has_cutoff else None
-                sums = _fused_chunk(ctx.block, ctx.call, x, table[r_lo:r_hi], a, f, c, sender, receiver)
-                inputs = [t for t in (x, a, f, c) if t is not None and t.requires_grad]
-                grads = iter(torch.autograd.grad(sums, inputs, grad[r_lo:r_hi].contiguous()) if inputs else ())
-            if x.requires_grad:
-                grad_table[s_lo:s_hi] += next(grads)
-            for target, t in ((grad_attrs, a), (grad_feats, f), (grad_cut, c)):
-                if t is not None and t.requires_grad:
-                    target[start:end] = next(grads)
-        return None, None, grad_table, grad_attrs, grad_feats, grad_cut, None, None
-
-
-def fused_edge_messages(block, chunk, up, edge_attrs, edge_feats, cutoff, edge_index):
-    """The fused convolution's summed messages on every node row, ``chunk`` edges at a time.
-
-    NOTE [chunked fused convolution under DD]: the chunks call the kernel on plain tensors
-    (the sender table of `mlipdd_mace.cueq._sender_table`: halo ``[owned | ghost]`` rows made
-    current, sharded ``[owned | request table]`` in one routed read), so the cuEq DD rule
-    does not see them; what it would do after its one kernel call, one scatter into node
-    rows, `_into_node_rows` does after the last chunk. Every rank thus issues the same
-    collectives (one table read or refresh, one scatter per layer) whatever its chunk count.
-    """
-    from mlipdd.shard import FIRED
-    from mlipdd_mace.cueq import _sender_table
-
-    FIRED["mace_cueq:fused_conv_chunked"] += 1  # a test that never got here tests nothing
-    table = _sender_table(up) if isinstance(up, ShardTensor) else up
-    index = _plain(edge_index)
-    width = block.linear.irreps_in.dim  # the messages feed the block's linear
-    partial = FusedEdgeChunkedMessages.apply(
-        block, chunk, _plain(table), _plain(edge_attrs), _plain(edge_feats), _plain(cutoff), index, width,
-    )[: local(up).shape[0]]
-    return _into_node_rows(up, partial)
-
-
-def _interaction_forward(block, chunk_atoms):
-    """A forward for a RealAgnostic(Residual)InteractionBlock with chunked messages."""
     residual = type(block).__name__ == "RealAgnosticResidualInteractionBlock"
 
     def forward(self, node_attrs, node_feats, edge_attrs, edge_feats, edge_index, cutoff=None,
@@ -291,8 +183,10 @@ def _interaction_forward(block, chunk_atoms):
         sc = self.skip_tp(node_feats, node_attrs) if residual else None
         up = self.linear_up(node_feats)
         chunk = _edge_chunk(chunk_atoms, edge_index.shape[1], up.shape[0])
-        messages = fused_edge_messages if hasattr(self, "conv_fusion") else edge_messages
-        message = messages(self, chunk, up, edge_attrs, edge_feats, cutoff, edge_index)
+        if hasattr(self, "conv_fusion"):
+            message = fused_edge_messages(self, chunk, up, edge_attrs, edge_feats, cutoff, edge_index, spans_cache)
+        else:
+            message = edge_messages(self, chunk, up, edge_attrs, edge_feats, cutoff, edge_index)
         message = self.linear(message) / self.avg_num_neighbors
         if not residual:
             message = self.skip_tp(message, node_attrs)
@@ -338,10 +232,11 @@ def chunked_blocks(model, chunk_atoms: int):
     """Inside the block, ``model``'s interactions and products run chunked (module docstring)."""
     patched = []
     frozen = [p for p in model.parameters() if p.requires_grad]
+    spans_cache = {}  # one host read of the fused chunks' row spans per forward, not per layer
     try:
         for block in model.interactions:
             if type(block).__name__ in CHUNKABLE_INTERACTIONS:
-                block.forward = _interaction_forward(block, chunk_atoms)
+                block.forward = _interaction_forward(block, chunk_atoms, spans_cache)
                 patched.append(block)
         for block in model.products:
             block.forward = _product_forward(block, chunk_atoms, type(block).forward.__get__(block))

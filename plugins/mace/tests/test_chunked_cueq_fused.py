@@ -16,7 +16,8 @@ import torch
 from mlipdd.shard import FIRED
 from mlipdd.testing.conformance import gather_by_id, relative_difference
 from mlipdd.testing.spawn import run_ranks
-from mlipdd_mace.chunked import _polynomial_call, _row_spans, unsupported_blocks
+from mlipdd_mace.chunked import unsupported_blocks
+from mlipdd_mace.chunked_fused import _polynomial_call, _row_spans
 from mlipdd_mace.testing import (
     COMPARED_OUTPUTS,
     SMALL_CUEQ_ARCH,
@@ -63,12 +64,12 @@ def test_chunked_fused_equals_plain_fused(fused_model):
 def test_chunked_fused_without_host_reads(fused_model, monkeypatch):
     """Under a CUDA-graph capture or a compile trace the spans cannot be read on the host:
     every chunk then gets the whole table, still exact."""
-    from mlipdd_mace import chunked
+    from mlipdd_mace import chunked_fused
 
     batch = small_cueq_systems()["slab"]
     ref = fused_model(batch.clone(), compute_stress=True)
-    monkeypatch.setattr(chunked, "capturing", lambda tensor: True)
-    assert chunked._row_spans(torch.tensor([[0, 3], [1, 2]]), 1, 9, separate=True) == [(0, 9, 0, 9)] * 2
+    monkeypatch.setattr(chunked_fused, "capturing", lambda tensor: True)
+    assert chunked_fused._row_spans(torch.tensor([[0, 3], [1, 2]]), 1, 9, separate=True) == [(0, 9, 0, 9)] * 2
     out = MACEWrapper(fused_model.model, chunk_atoms=5)(batch.clone(), compute_stress=True)
     for key in ("energy", "forces", "stress"):
         assert relative_difference(out[key].detach(), ref[key].detach()) < 1e-12, key

@@ -1,0 +1,263 @@
+"""cuEquivariance's fused convolution, chunked (`mlipdd_mace.chunked` is the whole story).
+
+The fused convolution (``conv_fusion``: gather, product and receiver sums in one kernel,
+mace's default on CUDA) keeps no message per edge but does keep each edge's radial weights
+for its backward (~1.3k floats per edge and layer for medium MACE: ~440 GiB at 1M atoms).
+`FusedEdgeChunkedMessages` calls the same kernel on ``chunk`` edges at a time, handing it
+only the node-table rows those edges read and sum into (`_row_spans`).
+
+Its backward recomputes each chunk's radial weights (the one thing too large to keep) and
+then calls the convolution's vector-Jacobian product directly: cuequivariance derives that
+polynomial from the forward one (``SegmentedPolynomial.backward``), and the same kernels
+run it. Recomputing the chunk's forward through autograd instead would run the fused kernel
+once more per chunk only to throw its sums away (`RECOMPUTE_CONVOLUTION`).
+
+Cost per chunk, for the record (medium MACE, layer 2, float32; E chunk edges, W = 1280
+weights per edge): the weights are the traffic. A plain fused model moves ~11 E*W floats
+per layer (MLP output, the cutoff product and its backward, the kernel's reads of the weights
+and its weight gradient); the first chunked version moved ~15 (the recomputed MLP, cutoff
+product and kernel forward on top). Now: the cutoff scales the radial MLP's 16-wide last
+input instead of its W-wide output (`mlipdd_mace.chunked.radial_weights`) and the backward
+skips the kernel's forward: ~5 E*W (MLP twice, kernel read, weight gradient write and read).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+
+import torch
+
+from mlipdd.models import capturing
+
+# A/B switch for benchmarks (.old/gpu/cueq_chunk_fused.py): True recomputes each chunk's
+# kernel forward in the backward and differentiates it with autograd, the first version.
+RECOMPUTE_CONVOLUTION = False
+
+
+def _row_spans(edge_index: torch.Tensor, chunk: int, n_rows: int, separate: bool) -> list[tuple[int, int, int, int]]:
+    """Per chunk of ``chunk`` edges, the node-table rows ``(read_lo, read_hi, sum_lo, sum_hi)``
+    its senders read and its receivers sum into (``separate=False``: one span for both).
+
+    The fused kernel reads senders from and sums into a node table; handing it only the
+    rows a chunk touches keeps each call's output (and its backward's sender gradient) at
+    the chunk's size instead of the whole system's. Receivers come sorted (mlipdd's
+    neighbour lists), so a chunk sums into ~``chunk_atoms`` rows; its senders' span is
+    narrow for spatially ordered atoms and wide for a chunk whose neighbours wrap around a
+    periodic cell. Any order stays exact (a span is then wider, up to all rows). One host
+    read for all chunks; `spans_of` shares it between layers.
+    """
+    n = edge_index.shape[1]
+    if capturing(edge_index):
+        # a CUDA-graph capture or a compile trace refuses the host read: every chunk gets
+        # the whole table (exact; each call's output is then the system's size)
+        return [(0, n_rows, 0, n_rows)] * math.ceil(n / chunk)
+    full = n - n % chunk
+    parts = []  # [lo_sender, hi_sender, lo_receiver, hi_receiver] per chunk
+    if full:
+        blocks = edge_index[:, :full].reshape(2, -1, chunk)
+        parts.append(torch.cat([blocks.amin(dim=2), blocks.amax(dim=2)]))
+    if full < n:
+        tail = edge_index[:, full:]
+        parts.append(torch.cat([tail.amin(dim=1), tail.amax(dim=1)]).reshape(4, 1))
+    if not parts:
+        return []
+    spans = []
+    for s_lo, r_lo, s_hi, r_hi in torch.cat(parts, 1).t().tolist():
+        if not separate:
+            s_lo = r_lo = min(s_lo, r_lo)
+            s_hi = r_hi = max(s_hi, r_hi)
+        spans.append((s_lo, s_hi + 1, r_lo, r_hi + 1))
+    return spans
+
+
+def spans_of(cache: dict, edge_index: torch.Tensor, chunk: int, n_rows: int, separate: bool) -> list:
+    """`_row_spans`, read once per forward: every layer chunks the same edge list over the
+    same table, so the layers after the first reuse the first one's host read. ``cache``
+    lives for one forward (`mlipdd_mace.chunked.chunked_blocks`)."""
+    key = (edge_index.data_ptr(), tuple(edge_index.shape), chunk, n_rows, separate)
+    if key not in cache:
+        cache[key] = _row_spans(edge_index, chunk, n_rows, separate)
+    return cache[key]
+
+
+def _polynomial_module(conv_tp):
+    """The cuEq `SegmentedPolynomial` behind a fused convolution, or None: mace's fused block
+    is one (keeping its call with separate sender and receiver tables as ``original_forward``;
+    its ``forward`` only unpacks ``edge_index``), the CPU stand-in
+    `mlipdd_mace.testing.ReferenceFusedConvolution` holds one as ``polynomial``. Any other
+    fused form is called through its public forward on one joint span."""
+    try:
+        from cuequivariance_torch import SegmentedPolynomial
+    except ImportError:
+        return None
+    if isinstance(conv_tp, SegmentedPolynomial) and "original_forward" in vars(conv_tp):
+        return conv_tp
+    inner = getattr(conv_tp, "polynomial", None)
+    return inner if isinstance(inner, SegmentedPolynomial) else None
+
+
+def _polynomial_call(conv_tp):
+    """The polynomial's call ``(inputs, input_indices, output_shapes, output_indices)``, or None."""
+    module = _polynomial_module(conv_tp)
+    if module is None:
+        return None
+    return module.original_forward if "original_forward" in vars(module) else module
+
+
+_VJPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # polynomial module -> {key: VJP module}
+
+
+def _vjp(module, need: tuple[bool, bool, bool], device) -> torch.nn.Module:
+    """cuEq's vector-Jacobian product of the convolution polynomial for the inputs
+    ``need`` marks (weights, sender table, harmonics): a polynomial of (weights, senders,
+    harmonics, cotangent of the sums) giving those gradients, run by the forward's method
+    (its CUDA kernels on a GPU). Built once per module, pattern and device; kept outside the
+    module so its state dict does not change."""
+    from cuequivariance_torch import SegmentedPolynomial
+
+    per_module = _VJPS.setdefault(module, {})
+    key = (need, str(device))
+    if key not in per_module:
+        polynomial, _ = module._polynomial_orig.backward(list(need), [True])
+        per_module[key] = SegmentedPolynomial(polynomial, method=module.method,
+                                              math_dtype=module._math_dtype_orig).to(device)
+    return per_module[key]
+
+
+def _fused_chunk(block, call, read, sums_like, edge_attrs, edge_feats, cutoff, sender, receiver):
+    """mace's fused convolution (gather, product, receiver sums in one call) on one chunk of
+    edges: senders index ``read``, receivers ``sums_like``'s rows (both slices of the node
+    table); the sums on those rows."""
+    from mlipdd_mace.chunked import radial_weights
+
+    weights = radial_weights(block, edge_feats, cutoff)
+    if call is None:  # one joint span: read and sums_like are the same rows
+        return block.conv_tp(read, edge_attrs, weights, torch.stack([sender, receiver]))
+    return call([weights, read, edge_attrs], {1: sender}, {0: sums_like}, {0: receiver})[0]
+
+
+def _chunks(chunk, spans, edge_index):
+    """(start, end, read_lo, read_hi, sum_lo, sum_hi, local senders, local receivers) per chunk."""
+    for start, (s_lo, s_hi, r_lo, r_hi) in zip(range(0, edge_index.shape[1], chunk), spans):
+        end = start + chunk
+        yield start, end, s_lo, s_hi, r_lo, r_hi, edge_index[0, start:end] - s_lo, edge_index[1, start:end] - r_lo
+
+
+def _vjp_chunk(block, module, cot, read, edge_attrs, edge_feats, cutoff, sender, receiver, want):
+    """Gradients of one chunk's sums (cotangent ``cot`` on its receiver rows) for the sender
+    rows ``read``, the harmonics, the radial features and the cutoff (None where ``want``
+    says no), from the recomputed radial weights and the convolution's VJP polynomial."""
+    from mlipdd_mace.chunked import radial_weights
+
+    want_read, want_attrs, want_feats, want_cut = want
+    with torch.enable_grad():
+        f = edge_feats.detach().requires_grad_(want_feats)
+        c = cutoff.detach().requires_grad_(want_cut) if cutoff is not None else None
+        weights = radial_weights(block, f, c)
+    need = (want_feats or want_cut, want_read, want_attrs)
+    if not any(need):
+        return None, None, None, None
+    # the VJP's outputs are the needed inputs' gradients, in input order; the sender
+    # table's gradient sums into the rows of ``read`` (an indexed output), the others are per edge
+    wanted = [k for k in range(3) if need[k]]
+    likes = (weights, read, edge_attrs)
+    out_shapes = {i: likes[k] for i, k in enumerate(wanted)}
+    out_index = {wanted.index(1): sender} if want_read else {}
+    grads = iter(_vjp(module, need, read.device)(
+        [weights.detach(), read, edge_attrs, cot], {1: sender, 3: receiver}, out_shapes, out_index))
+    grad_weights, grad_read, grad_attrs = (next(grads) if wanted else None for wanted in need)
+    grad_f = grad_c = None
+    if grad_weights is not None:
+        inputs = [t for t in (f, c) if t is not None and t.requires_grad]
+        back = iter(torch.autograd.grad(weights, inputs, grad_weights))
+        grad_f = next(back) if want_feats else None
+        grad_c = next(back) if want_cut else None
+    return grad_read, grad_attrs, grad_f, grad_c
+
+
+def _recomputed_chunk(block, call, table, s_lo, s_hi, r_lo, r_hi, grad, edge_attrs, edge_feats, cutoff,
+                      sender, receiver, want):
+    """The same gradients by running the chunk's forward again and differentiating it
+    (any fused form without a cuEq polynomial, and `RECOMPUTE_CONVOLUTION`)."""
+    want_read, want_attrs, want_feats, want_cut = want
+    with torch.enable_grad():
+        x = table[s_lo:s_hi].detach().requires_grad_(want_read)
+        a = edge_attrs.detach().requires_grad_(want_attrs)
+        f = edge_feats.detach().requires_grad_(want_feats)
+        c = cutoff.detach().requires_grad_(want_cut) if cutoff is not None else None
+        sums = _fused_chunk(block, call, x, table[r_lo:r_hi], a, f, c, sender, receiver)
+        inputs = [t for t in (x, a, f, c) if t is not None and t.requires_grad]
+        grads = iter(torch.autograd.grad(sums, inputs, grad[r_lo:r_hi].contiguous()) if inputs else ())
+    return tuple(next(grads) if t is not None and t.requires_grad else None for t in (x, a, f, c))
+
+
+class FusedEdgeChunkedMessages(torch.autograd.Function):
+    """The fused convolution's receiver sums over the node table, ``chunk`` edges per kernel
+    call on the rows each chunk touches (`_row_spans`); the backward recomputes each chunk's
+    radial weights (they are never kept) and applies the convolution's VJP (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, block, chunk, spans, table, edge_attrs, edge_feats, cutoff, edge_index, width):
+        call = _polynomial_call(block.conv_tp)
+        ctx.block, ctx.chunk, ctx.call, ctx.spans, ctx.has_cutoff = block, chunk, call, spans, cutoff is not None
+        ctx.save_for_backward(table, edge_attrs, edge_feats, cutoff, edge_index)
+        out = table.new_zeros((table.shape[0], width))
+        for start, end, s_lo, s_hi, r_lo, r_hi, sender, receiver in _chunks(chunk, spans, edge_index):
+            cut = cutoff[start:end] if cutoff is not None else None
+            out[r_lo:r_hi] += _fused_chunk(block, call, table[s_lo:s_hi], table[r_lo:r_hi], edge_attrs[start:end],
+                                           edge_feats[start:end], cut, sender, receiver)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        table, edge_attrs, edge_feats, cutoff, edge_index = ctx.saved_tensors
+        want = ctx.needs_input_grad
+        want = (want[3], want[4], want[5], ctx.has_cutoff and want[6])  # table, harmonics, radial, cutoff
+        grad_table = torch.zeros_like(table) if want[0] else None
+        grad_attrs = torch.zeros_like(edge_attrs) if want[1] else None
+        grad_feats = torch.zeros_like(edge_feats) if want[2] else None
+        grad_cut = torch.zeros_like(cutoff) if want[3] else None
+        module = None if RECOMPUTE_CONVOLUTION else _polynomial_module(ctx.block.conv_tp)
+        grad = grad.contiguous()
+        for start, end, s_lo, s_hi, r_lo, r_hi, sender, receiver in _chunks(ctx.chunk, ctx.spans, edge_index):
+            cut = cutoff[start:end] if cutoff is not None else None
+            if module is not None:
+                parts = _vjp_chunk(ctx.block, module, grad[r_lo:r_hi], table[s_lo:s_hi], edge_attrs[start:end],
+                                   edge_feats[start:end], cut, sender, receiver, want)
+            else:
+                parts = _recomputed_chunk(ctx.block, ctx.call, table, s_lo, s_hi, r_lo, r_hi, grad,
+                                          edge_attrs[start:end], edge_feats[start:end], cut, sender, receiver, want)
+            g_read, g_attrs, g_feats, g_cut = parts
+            if g_read is not None:
+                grad_table[s_lo:s_hi] += g_read
+            for target, g in ((grad_attrs, g_attrs), (grad_feats, g_feats), (grad_cut, g_cut)):
+                if g is not None:
+                    target[start:end] = g
+        return None, None, None, grad_table, grad_attrs, grad_feats, grad_cut, None, None
+
+
+def fused_edge_messages(block, chunk, up, edge_attrs, edge_feats, cutoff, edge_index, spans_cache):
+    """The fused convolution's summed messages on every node row, ``chunk`` edges at a time.
+
+    NOTE [chunked fused convolution under DD]: the chunks call the kernel on plain tensors
+    (the sender table of `mlipdd_mace.cueq._sender_table`: halo ``[owned | ghost]`` rows made
+    current, sharded ``[owned | request table]`` in one routed read), so the cuEq DD rule
+    does not see them; what it would do after its one kernel call, one scatter into node
+    rows, `_into_node_rows` does after the last chunk. Every rank thus issues the same
+    collectives (one table read or refresh, one scatter per layer) whatever its chunk count.
+    """
+    from mlipdd.shard import FIRED, ShardTensor, local
+    from mlipdd_mace.chunked import _into_node_rows, _plain
+    from mlipdd_mace.cueq import _sender_table
+
+    FIRED["mace_cueq:fused_conv_chunked"] += 1  # a test that never got here tests nothing
+    table = _plain(_sender_table(up) if isinstance(up, ShardTensor) else up)
+    index = _plain(edge_index)
+    separate = _polynomial_call(block.conv_tp) is not None
+    spans = spans_of(spans_cache, index, chunk, table.shape[0], separate)
+    width = block.linear.irreps_in.dim  # the messages feed the block's linear
+    partial = FusedEdgeChunkedMessages.apply(
+        block, chunk, spans, table, _plain(edge_attrs), _plain(edge_feats), _plain(cutoff), index, width,
+    )[: local(up).shape[0]]
+    return _into_node_rows(up, partial)

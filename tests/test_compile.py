@@ -6,7 +6,8 @@ system outgrows them; a compiled path that differs from eager is caught. At 2-4 
 energy model (LJ) compiles on each rank's plain rows under halo storage, equal to the eager
 distributed run, through migration; a message-passing model that reads more hops than it
 declares is caught by the first call's check (message passing at several ranks:
-tests/test_compile_ranks.py); other strategies are refused by name. Most tests use the "aot_eager" backend (the
+tests/test_compile_ranks.py, sharded storage there too, graph partition in
+tests/test_compile_partition.py). Most tests use the "aot_eager" backend (the
 same dynamo trace and AOT autograd graphs, no C++ build: cheap on a shared CPU); one
 runs inductor.
 """
@@ -196,8 +197,6 @@ def test_a_new_element_is_checked_again():
 def test_compile_refusals():
     with pytest.raises(InputError, match="choose one"):
         DomainConfig(cutoff=7.0, compile=True, cuda_graph=True)
-    with pytest.raises(InputError, match="use strategy='halo'"):
-        DomainConfig(cutoff=7.0, compile=True, strategy="sharded")
     with pytest.raises(InputError, match="compile_headroom"):
         DomainConfig(cutoff=7.0, compile=True, compile_headroom=0.9)
 

@@ -46,6 +46,17 @@ changed, is also run on the eager distributed path and compared, on every rank, 
 decision agreed first; a difference stops every rank naming compile=False and
 ``message_passing_layers``. A wrapper with its own forward and no ``atomic_energies``
 (UMA, AIMNet2 with its Coulomb term) is refused at several ranks by name.
+
+# NOTE [sharded, compiled]
+Under sharded storage the eager forward keeps owned rows only and routes each read of a
+remote row to its owner, per op, through the ShardTensor dispatch, which dynamo cannot
+trace. Compiled, the sharded strategy's own halo plan (the one its request table is
+rewritten from, deepened as above) hands the compiled region plain ``[owned | ghost]``
+rows for the duration of the call (`halo_view`): the per-atom state between calls is
+owned rows, as in the eager run (the halo plan, its ghost ids and list, is kept beside
+the sharded one); inside the call the ghost shell is materialised once, as halo storage
+does, instead of the per-op request tables. The checks compare with the
+eager SHARDED forward (routed reads), so what is compared is the storage the user chose.
 """
 
 from __future__ import annotations
@@ -59,8 +70,10 @@ from mlipdd.distributed.compiled import CompiledForceCall, differs_from_eager
 from mlipdd.models.base import ModelWrapper, per_system_sum, strained
 from mlipdd.neighbors import NeighborList, build_neighbor_list
 from mlipdd.shard.tensor import local
+from mlipdd.strategy.halo import HaloStrategy
 
-__all__ = ["CompiledHaloCall", "compiled_on_ranks", "is_energy_model", "receptive_hops", "refusal_on_ranks"]
+__all__ = ["CompiledHaloCall", "compiled_on_ranks", "halo_view", "is_energy_model", "receptive_hops",
+           "refusal_on_ranks"]
 
 OWNED = "_mlipdd_owned"  # a float node field: 1 on owned rows, 0 on ghost rows (float: not an integer input)
 
@@ -105,6 +118,37 @@ def refusal_on_ranks(model, world_size: int) -> InputError | None:
     if hops < 1:
         return InputError(f"{name}.message_passing_layers must be a positive number of layers, got {hops}")
     return None
+
+
+class _HaloView(HaloStrategy):
+    """The halo rows of a sharded strategy's plan (NOTE [sharded, compiled]): its planner,
+    its latest halo state, halo storage's model batch and consolidation."""
+
+    def __init__(self, sharded):
+        super().__init__(sharded.halo)
+        self._sharded = sharded
+        sharded.keep_halo_state = True
+
+    @property
+    def state(self):
+        return self._sharded.halo_state
+
+    @state.setter
+    def state(self, value):  # the sharded strategy prepares; this view only reads
+        pass
+
+
+def halo_view(strategy):
+    """What the compiled region reads its rows from: a halo strategy itself, the halo view
+    of a sharded one (NOTE [sharded, compiled])."""
+    if isinstance(strategy, HaloStrategy):
+        return strategy
+    if hasattr(strategy, "keep_halo_state"):
+        return _HaloView(strategy)
+    raise InputError(
+        f"DomainConfig(compile=True) on several ranks compiles halo and sharded storage (plain rows with a "
+        f"deep ghost shell) and graph partition; not the {strategy.name} strategy: leave compile=False"
+    )
 
 
 def compiled_on_ranks(model, strategy, spec, group, config, **options) -> CompiledHaloCall:

@@ -115,12 +115,13 @@ def _check_compile(config: DomainConfig) -> None:
             "DomainConfig(compile=True, cuda_graph=True): choose one; cuda_graph replays the eager "
             "force call from a CUDA graph (small systems, host-bound), compile fuses its kernels"
         )
-    if config.strategy not in (None, "halo", "graph_partition"):
+    if config.strategy not in (None, "halo", "sharded", "graph_partition"):
         raise InputError(
-            f"DomainConfig(compile=True) compiles the halo and graph-partition paths, not the "
-            f"{config.strategy_name} strategy (its rows are ShardTensors, which torch.compile cannot trace "
-            "yet); use strategy='halo' (at one rank any model, at several a model with atomic_energies: LJ, "
-            "MACE) or 'graph_partition' (a model that builds its own graph), or leave compile=False"
+            f"DomainConfig(compile=True) compiles the halo, sharded and graph-partition paths, not the "
+            f"{config.strategy_name} strategy (torch.compile cannot trace its ShardTensor rows); use "
+            "strategy='halo' (at one rank any model, at several a model with atomic_energies: LJ, MACE), "
+            "'sharded' (the same models) or 'graph_partition' (a model that builds its own graph), or "
+            "leave compile=False"
         )
     if not config.compile_headroom >= 1.0:
         raise InputError(f"DomainConfig.compile_headroom must be >= 1 (caps / sizes), got {config.compile_headroom}")

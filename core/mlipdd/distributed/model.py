@@ -24,7 +24,7 @@ from mlipdd.comm import (
 )
 from mlipdd.data import Batch, InputError, check_not_empty
 from mlipdd.distributed.compiled import CompiledForceCall
-from mlipdd.distributed.compiled_halo import CompiledHaloCall, compiled_on_ranks
+from mlipdd.distributed.compiled_halo import CompiledHaloCall, compiled_on_ranks, halo_view
 from mlipdd.distributed.compiled_partition import CompiledPartitionCall
 from mlipdd.distributed.config import DomainConfig, resolve_strategy
 from mlipdd.distributed.cuda_graph import TRIM_MARGIN, GraphedForceCall, edges_within
@@ -105,6 +105,7 @@ class DistributedModel(nn.Module):
             self._graphed = GraphedForceCall(self._call_model, trim_to=trim)
         self._compiled: CompiledForceCall | None = None
         self._compiled_halo: CompiledHaloCall | CompiledPartitionCall | None = None  # the several-rank call
+        self._halo_view = None  # sharded storage compiled: the halo rows of its plan
         if config.compile:
             self._build_compiled(model, config)
 
@@ -118,10 +119,12 @@ class DistributedModel(nn.Module):
             self._compiled_halo = self._compiled = CompiledPartitionCall(
                 model_call, self.strategy, self.spec, self.group, autograd_outputs, backend=config.compile_backend)
             return
-        if self.strategy.world_size == 1:
+        view = halo_view(self.strategy)  # sharded storage: its halo plan's rows (NOTE [sharded, compiled])
+        self._halo_view = None if view is self.strategy else view
+        if self.strategy.world_size == 1 and self._halo_view is None:
             self._compiled = CompiledForceCall(model_call, model_call, **options)
             return
-        self._compiled_halo = compiled_on_ranks(model, self.strategy, self.spec, self.group, config, **options)
+        self._compiled_halo = compiled_on_ranks(model, view, self.spec, self.group, config, **options)
         self._compiled = self._compiled_halo.inner  # its counters
 
     @property
@@ -233,7 +236,7 @@ class DistributedModel(nn.Module):
             self.last_padded = model_batch
             autograd_outputs = getattr(self.model.model_config, "autograd_outputs", frozenset())
             if self._compiled_halo is not None:
-                result = self._compiled_halo_call(model_batch, meta, compute_stress, autograd_outputs)
+                result = self._compiled_halo_call(batch, model_batch, meta, compute_stress, autograd_outputs)
                 if check_now:
                     agree_on_errors(_check_outputs(result), self.group)
                 return result
@@ -251,7 +254,8 @@ class DistributedModel(nn.Module):
                 agree_on_errors(_check_outputs(result), self.group)
             return result
 
-    def _compiled_halo_call(self, model_batch: Batch, meta, compute_stress: bool, autograd_outputs) -> dict:
+    def _compiled_halo_call(self, batch: Batch, model_batch: Batch, meta, compute_stress: bool,
+                            autograd_outputs) -> dict:
         """Several ranks, compiled (`mlipdd.distributed.compiled_halo`); its checks run the
         eager distributed forward on the same batch."""
         def eager():
@@ -259,11 +263,14 @@ class DistributedModel(nn.Module):
                 outputs = self._call_model(model_batch, compute_stress)
             return self.strategy.consolidate(outputs, meta, self.spec, autograd_outputs)
 
+        rows, rows_meta = model_batch, meta
+        if self._halo_view is not None:
+            rows, rows_meta = self._halo_view.model_batch(batch, self.spec)
         with contextlib.ExitStack() as stack:
             stack.enter_context(installed(self.spec))
             if isinstance(self._compiled_halo, CompiledPartitionCall):  # the model's own code is compiled
                 stack.enter_context(activated(self.spec, row_ids=model_batch.atom_ids))
-            return self._compiled_halo(model_batch, meta, compute_stress, eager)
+            return self._compiled_halo(rows, rows_meta, compute_stress, eager)
 
     def _within_cutoff(self, model_batch: Batch) -> Batch:
         """At one rank, the batch with only the list's edges within the cutoff.

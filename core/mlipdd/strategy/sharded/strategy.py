@@ -21,6 +21,8 @@ class ShardedStrategy(SpatialStrategy):
 
     name = "sharded"
     preset = "SPEC_MPNN_SHARDED"
+    keep_halo_state = False  # set by compile=True; otherwise only owned rows are kept
+    halo_state = None
 
     @classmethod
     def accepts(cls, policy) -> bool:
@@ -42,6 +44,8 @@ class ShardedStrategy(SpatialStrategy):
         halo = self.halo.prepare(batch, rebuild)
         if halo is not None:
             self.state = shard_halo(halo, batch, self.rank, self.group)
+            if self.keep_halo_state:  # compile=True reads the halo rows of the same plan
+                self.halo_state = halo  # (NOTE [sharded, compiled] in mlipdd.distributed.compiled_halo)
 
     def model_batch(self, batch: Batch, spec) -> tuple[Batch, ShardMeta]:
         """Owned rows only; positions and atomic numbers as sharded ShardTensors."""

@@ -75,27 +75,77 @@ def check_fully_periodic(batch, chosen: list[bool]) -> None:
 def ewald_energy(data: dict, batch, positions, cell, chosen: torch.Tensor, alpha: float, k_cutoff: float,
                  cutoff: float) -> torch.Tensor:
     """Ewald energy per system (float64; zero where ``chosen`` is 0): real space over the Coulomb
-    matrix, the box reciprocal sum, self and background terms, aimnet's ``k_e``."""
-    from aimnet import nbops, ops
+    matrix, the box reciprocal sum, self and background terms, aimnet's ``k_e``.
+
+    Plain tensors (one process) take nvalchemiops' kernels (`_kernel_energies`); rows of a
+    ShardTensor (DD) take the per-atom torch sums (`_torch_energies`), which the dispatch splits.
+    The two are the same terms over the same pairs and Miller set (measured: 1e-15 relative).
+    """
+    from aimnet import nbops
 
     from mlipdd_aimnet2.coulomb import coulomb_factor
 
-    ewald = _ewald_pme()
     k_e = 2.0 * coulomb_factor()  # coulomb_factor is per ordered pair (half of k_e)
     atom_on = chosen.index_select(0, batch.batch)
     q = data["charges"].to(torch.float64) * atom_on  # other systems carry no charge: exactly zero here
+    # a system without Ewald may have no cell at all: an identity stands in (its charges are 0)
+    eye = torch.eye(3, dtype=torch.float64, device=chosen.device)
+    cell64 = torch.where(chosen.view(-1, 1, 1) > 0, cell.to(torch.float64), eye)
+    miller = _ewald_pme().miller_indices(cell64, k_cutoff, spherical=False)
+    if _kernels_apply(data, positions, q):
+        per_atom = _kernel_energies(data, batch, q, cell64, alpha, miller, k_e)
+    else:
+        per_atom = _torch_energies(data, batch, positions, q, cell64, alpha, cutoff, miller, k_e)
+    return nbops.mol_sum(per_atom, data)
+
+
+def _kernels_apply(data: dict, positions, q) -> bool:
+    """One process: plain tensors (a ShardTensor's rows need the per-atom sums)."""
+    plain = all(type(t) is torch.Tensor for t in (positions, q, data["nbmat_lr"]))
+    return plain and "_unit_shifts_lr" in data
+
+
+def _torch_energies(data, batch, positions, q, cell64, alpha, cutoff, miller, k_e) -> torch.Tensor:
+    """Per-atom Ewald energies as sums a ShardTensor's dispatch splits over ranks. The
+    reciprocal part holds (N, K) phase matrices (K Miller vectors): gigabytes at 10k atoms."""
+    from aimnet import nbops, ops
+
+    ewald = _ewald_pme()
     data = ops.lazy_calc_dij(data, "_lr")
     d = data["d_ij_lr"].to(torch.float64)
     q_i, q_j = nbops.get_ij(q, data, suffix="_lr")
     pair = torch.erfc(alpha * d) / d * (d < cutoff).to(d.dtype)
     real = (q_i * q_j * pair).masked_fill(data["mask_ij_lr"], 0.0).sum(-1)
-    # a system without Ewald may have no cell at all: an identity stands in (its charges are 0)
-    eye = torch.eye(3, dtype=torch.float64, device=chosen.device)
-    cell64 = torch.where(chosen.view(-1, 1, 1) > 0, cell.to(torch.float64), eye)
-    miller = ewald.miller_indices(cell64, k_cutoff, spherical=False)
     reciprocal = ewald.reciprocal_energies(batch, positions.to(torch.float64), cell64, q, alpha, math.inf, miller,
                                            coulomb_constant=k_e)
     background = ewald.background_energies(batch, cell64, q, alpha, coulomb_constant=k_e)
     self_term = -k_e * alpha / math.sqrt(math.pi) * q * q
-    per_atom = 0.5 * k_e * real + reciprocal + background + self_term
-    return nbops.mol_sum(per_atom, data)
+    return 0.5 * k_e * real + reciprocal + background + self_term
+
+
+# NOTE [Ewald through nvalchemiops at one process]: the torch reciprocal sum keeps (N, K)
+# phase, cosine and sine matrices for autograd (8.4 GiB at 10k atoms and K ~ 4600 on an
+# H200, 0.56x aimnet's call there); nvalchemiops' kernels (aimnet's backend) loop over k
+# without them and carry the gradient to positions, charges and cell through their own
+# backward (the energy-graph contract aimnet relies on). Its reciprocal term includes the
+# self and background terms; from the same half-space Miller set it equals the torch
+# terms per atom to 1e-15 in float64, gradients included (checked, and pinned by the DD
+# tests: the distributed runs take the torch path, the one-process reference this one).
+def _kernel_energies(data, batch, q, cell64, alpha, miller, k_e) -> torch.Tensor:
+    from nvalchemiops.torch.interactions.electrostatics import (
+        ewald_real_space,
+        ewald_reciprocal_space_from_miller_indices,
+    )
+
+    coord = data["coord"].to(torch.float64)
+    n = coord.shape[0]
+    alpha_t = torch.full((cell64.shape[0],), float(alpha), dtype=torch.float64, device=coord.device)
+    batch_idx = batch.batch.to(torch.int32)
+    # the kernel skips slots holding ``mask_value``; this layout pads with the row itself
+    matrix = torch.where(data["mask_ij_lr"], n, data["nbmat_lr"]).to(torch.int32)
+    shifts = data["_unit_shifts_lr"].round().to(torch.int32)
+    real = ewald_real_space(coord, q, cell64, alpha_t, neighbor_matrix=matrix, neighbor_matrix_shifts=shifts,
+                            mask_value=n, batch_idx=batch_idx)
+    reciprocal = ewald_reciprocal_space_from_miller_indices(coord, q, cell64, miller.to(torch.long), alpha_t,
+                                                            batch_idx=batch_idx)
+    return k_e * (real + reciprocal)

@@ -168,6 +168,9 @@ def aimnet_inputs(batch: Batch, positions: torch.Tensor, cell: torch.Tensor, cha
         data[f"nbmat{suffix}"] = as_atom_rows(matrix.index, positions, ghosts_current=False)
         data[f"shifts{suffix}"] = _shifts_for_aimnet(matrix.unit_shifts, cell, batch.batch)
         data[f"mask_ij{suffix}"] = matrix.pad
+        # integer cell shifts of each slot, for nvalchemiops' kernels at one process (which
+        # take shifts in cell units and one cell per system; aimnet's "shifts" may be vectors)
+        data[f"_unit_shifts{suffix}"] = matrix.unit_shifts
     return data
 
 

@@ -90,6 +90,26 @@ def test_ewald_term_equals_nvalchemiops_ewald_summation_in_float64():
     assert relative_difference(term, expected) < 1e-12, (term, expected)
 
 
+@pytest.mark.parametrize("name", ["two_charged_systems", "molecule_and_crystal"])
+def test_one_process_kernels_equal_the_distributable_sums(name, monkeypatch):
+    """At one process the Ewald term runs on nvalchemiops' kernels (no (N, K) phase matrices);
+    under DD on per-atom torch sums. Same terms, same pairs, same Miller set: energies, forces,
+    stress (through the kernels' own backward) and charges agree to 1e-12 in float64."""
+    from mlipdd_aimnet2 import ewald
+
+    factory, coulomb = SYSTEMS[name]
+    model = _factory(coulomb)
+    used = []
+    original = ewald._kernels_apply
+    monkeypatch.setattr(ewald, "_kernels_apply", lambda *a: used.append(original(*a)) or used[-1])
+    kernels = model(factory(), compute_stress=True)
+    assert used == [True]
+    monkeypatch.setattr(ewald, "_kernels_apply", lambda *a: False)
+    sums = model(factory(), compute_stress=True)
+    for key in KEYS:
+        assert relative_difference(kernels[key], sums[key]) < 1e-12, key
+
+
 def _mixed() -> Batch:
     pair = molecular_crystal((1, 1, 2), seed=7)
     molecule = AtomicData(positions=pair.positions + 12.0, atomic_numbers=pair.atomic_numbers,

@@ -223,6 +223,19 @@ EXACT_BY_DISPATCH = ("flattened_mean", "flattened_max")
 WRONG_UNDER = {name: ("halo", "sharded") for name in WRONG_MODELS if name not in EXACT_BY_DISPATCH} | {
     "self_loops": ("halo",)}
 WRONG_CASES = [(name, strategy) for name, strategies in WRONG_UNDER.items() for strategy in strategies]
+# NOTE [counts in turn]: validation runs the same code at 2 and 3 ranks (the sample is sized
+# for the count: test_default_sample_leaves_every_rank_blind_to_part_of_the_system checks
+# that at 2, 3, 4 and 8 without spawning), so each model x strategy case runs at ONE count,
+# the counts alternating so that every model, every strategy and both counts are still run.
+VALIDATED_COUNTS = (2, 3)
+
+
+def in_turn(cases: list[tuple[str, str]]) -> list[tuple[str, str, int]]:
+    """Each (model, strategy) at one rank count; neighbours in the list at different ones,
+    and a model's halo and sharded cases at different ones."""
+    models = sorted({name for name, _ in cases})
+    return [(name, strategy, VALIDATED_COUNTS[(models.index(name) + (strategy == "sharded")) % 2])
+            for name, strategy in cases]
 
 RIGHT_MODELS = {
     "lennard_jones": functools.partial(LennardJones, epsilon=0.0104, sigma=3.4, cutoff=7.0),
@@ -318,8 +331,7 @@ def test_an_idiom_the_dispatch_reduces_over_ranks_validates_as_exact(name, strat
     assert report.ok and report.conclusive, report.summary()
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-@pytest.mark.parametrize(("name", "strategy"), WRONG_CASES)
+@pytest.mark.parametrize(("name", "strategy", "world_size"), in_turn(WRONG_CASES))
 def test_wrong_models_never_pass_on_the_default_sample(name, strategy, world_size):
     factory = functools.partial(WRONG_MODELS[name], cutoff=4.0)
     report = trace_and_validate(factory, world_size=world_size, strategy=strategy, max_attempts=2)
@@ -337,9 +349,8 @@ def test_wrong_models_never_pass_on_the_default_sample(name, strategy, world_siz
 # ---- right models pass, conclusively --------------------------------------------------------
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-@pytest.mark.parametrize("strategy", ["halo", "sharded"])
-@pytest.mark.parametrize("name", sorted(RIGHT_MODELS))
+@pytest.mark.parametrize(("name", "strategy", "world_size"),
+                         in_turn([(name, strategy) for name in sorted(RIGHT_MODELS) for strategy in ("halo", "sharded")]))
 def test_right_models_pass_conclusively_on_the_default_sample(name, strategy, world_size):
     report = trace_and_validate(RIGHT_MODELS[name], world_size=world_size, strategy=strategy)
     assert report.ok, report.summary()
@@ -369,3 +380,10 @@ def test_cli_default_sample_is_conclusive_and_a_small_cell_is_flagged(capsys):
     assert main([*lj, "--system", "small_cell"]) == 0  # LJ is right, but the cell proves little
     out = capsys.readouterr().out
     assert "WARNING: sample too small: rank" in out and "a wrong model can pass" in out, out
+
+
+def test_every_count_and_strategy_is_validated_for_wrong_and_right_models():
+    """NOTE [counts in turn]: taking counts in turn must not drop a count or a strategy."""
+    for cases in (in_turn(WRONG_CASES), in_turn([(n, s) for n in RIGHT_MODELS for s in ("halo", "sharded")])):
+        for strategy in ("halo", "sharded"):
+            assert {n for _, s, n in cases if s == strategy} == set(VALIDATED_COUNTS), (strategy, cases)

@@ -141,7 +141,14 @@ class ShardTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         from mlipdd.shard.aten.rules import dispatch
 
+        # a lazy conj / neg bit on the local tensor is lost to the ops below (PME's
+        # fftn(mesh) * fftn(grad).conj() came out unconjugated): materialize it
+        func = _MATERIALIZED.get(func, func)
         return dispatch(func, args, kwargs or {})
+
+
+_MATERIALIZED = {torch.ops.aten._conj.default: torch.ops.aten.conj_physical.default,
+                 torch.ops.aten._neg_view.default: torch.ops.aten.neg.default}
 
 
 def unwrap(x):

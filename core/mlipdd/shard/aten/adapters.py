@@ -1,0 +1,261 @@
+"""Opaque custom ops with an `OpAdapter` under the aten dispatch (PME's spline ops, fused kernels).
+
+# NOTE [aten op adapters]
+A kernel reads raw buffers, so no aten rule can say what it does with rows; its
+OpAdapter in the spec says it, per argument and output. Below autograd the op's own
+``register_autograd`` formula would run on ShardTensors whose meaning it cannot know,
+so the adapter acts ABOVE autograd, in a torch-function mode the aten strategy enters
+when the spec declares custom ops: the op runs on plain local tensors as one autograd
+node (`_Adapted`), whose backward runs the op's own formula on plain tensors too, with
+the dispatch's modes off (a formula that re-runs the op would otherwise get replicated
+ShardTensors from its ``torch.zeros``: NOTE [aten factories]); the node's two ends say
+what the plain values and gradients mean. Once differentiable (forces and stress).
+
+An op that reads no distributed rows (all arguments replicated or plain) is left to the
+aten dispatch: every rank computes the same thing (rule 1 of NOTE [aten precedence]).
+An op that reads rows computes this rank's part of the global op, so
+
+* inputs: ``SliceOwned`` -> the owned rows; none / ``GatherInputs`` -> every local row,
+  ghosts holding their owners' values; edge rows and replicated values as they are.
+  Gradients come back as this rank's part: atom rows as SHARES, a replicated value's
+  (a mesh, a plain cell) summed over ranks at once;
+* outputs: ``AllReduceSum`` -> summed over ranks, replicated (its gradient is the
+  replicated gradient, handed on as it is); ``ScatterOutputs`` -> SHARES rows (its
+  gradient: every copy's); none -> atom rows (GHOSTED) when the op read atom rows and
+  the output has this rank's atom rows, edge rows when it read edge rows and has this
+  rank's edge count; anything else is refused: a rank-local value of no known meaning.
+  ``GatherInputsFull`` / ``SliceOutputsOwned`` are refused (not written for aten yet).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _disable_current_modes
+
+from mlipdd.shard.aten import comm
+from mlipdd.shard.aten.placement import EDGES, GHOSTED, OWNED, REPLICATE, SHARES, Rows
+from mlipdd.shard.aten.rules import as_ghosted, as_owned
+from mlipdd.shard.aten.tensor import AtenRefusal, ShardTensor
+from mlipdd.shard.custom_ops import _positional, adapter_for
+from mlipdd.spec.transforms import AllReduceSum, GatherInputs, ScatterOutputs, SliceOwned
+
+
+class AdaptedOps(TorchFunctionMode):
+    """NOTE [aten op adapters]; active around the model's forward (`AtenHaloStrategy.model_scope`)."""
+
+    def __init__(self, ctx):
+        super().__init__()
+        self.ctx = ctx
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        adapter = adapter_for(func)
+        if adapter is None or not any(_reads_rows(a) for a in (*args, *kwargs.values())):
+            return func(*args, **kwargs)
+        return call_adapted(adapter, func, self.ctx, args, kwargs)
+
+
+def _reads_rows(a) -> bool:
+    if isinstance(a, (list, tuple)):
+        return any(_reads_rows(x) for x in a)
+    return isinstance(a, ShardTensor) and isinstance(a._place, Rows)
+
+
+def _refuse(where: str, why: str, fix: str):
+    raise AtenRefusal(f"mlipdd aten dispatch refuses {where}: {why}. Fix: {fix}.")
+
+
+def call_adapted(adapter, func, ctx, args, kwargs):
+    where = f"OpAdapter({adapter.qualified_name})"
+    args, kwargs = _positional(func, args, kwargs)
+    read = {p.kind if p.is_atoms() else EDGES for a in (*args, *kwargs.values()) for p in _places(a)}
+    tensors, roles = [], []
+
+    def slot(transform, a, what):
+        if isinstance(a, (list, tuple)):
+            if transform is not None:
+                _refuse(what, f"{type(transform).__name__}() on a list", "key the transform to a tensor argument")
+            return type(a)(slot(None, x, what) for x in a)
+        if not isinstance(a, torch.Tensor):
+            return a
+        tensors.append(a)
+        roles.append(_role(transform, a, what))
+        return _Slot(len(tensors) - 1)
+
+    template = ([slot(adapter.arg_transforms.get(i), a, f"{where} argument {i}") for i, a in enumerate(args)],
+                {k: slot(None, v, f"{where} argument {k!r}") for k, v in kwargs.items()})
+    call = _Call(func, template, roles, adapter.output_transforms, ctx, read, where)
+    out = _Adapted.apply(call, *tensors)
+    return out if call.several else out[0]
+
+
+class _Slot:
+    def __init__(self, index: int):
+        self.index = index
+
+
+def _fill(tree, values):
+    if isinstance(tree, _Slot):
+        return values[tree.index]
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_fill(x, values) for x in tree)
+    return tree
+
+
+def _places(a):
+    if isinstance(a, (list, tuple)):
+        return [p for x in a for p in _places(x)]
+    return [a._place] if isinstance(a, ShardTensor) and isinstance(a._place, Rows) else []
+
+
+def _role(transform, a, where) -> str:
+    """What the op reads of ``a``: "owned" / "ghosted" atom rows, "edges", "replicated"."""
+    if transform is not None and not isinstance(transform, (SliceOwned, GatherInputs)):
+        _refuse(where, f"{type(transform).__name__}() is not written for the aten dispatch",
+                "run with the default dispatch, or use SliceOwned / GatherInputs / AllReduceSum / ScatterOutputs")
+    p = a._place if isinstance(a, ShardTensor) else None
+    if not isinstance(p, Rows):
+        if transform is not None:
+            _refuse(where, f"{type(transform).__name__}() on {tuple(a.shape)} {p or 'plain'}, which holds no "
+                    "distributed rows", "key the transform to the per-atom argument")
+        return "replicated"
+    if not p.is_atoms():
+        if transform is not None:
+            _refuse(where, f"{type(transform).__name__}() on edge rows", "key the transform to atom rows")
+        return "edges"
+    return "owned" if isinstance(transform, SliceOwned) else "ghosted"
+
+
+class _Call:
+    """One adapted call: the op, where its tensors go, what they and its outputs mean."""
+
+    def __init__(self, func, template, roles, output_transforms, ctx, read, where):
+        self.func, self.template, self.roles, self.ctx, self.read, self.where = func, template, roles, ctx, read, where
+        self.output_transforms = output_transforms
+        self.several = True
+
+    def local_input(self, a, role):
+        if role == "replicated":
+            return a._local if isinstance(a, ShardTensor) else a
+        if role == "edges":
+            return a._local
+        if role == "owned":
+            return as_owned(a).narrow(a._place.dim, 0, self.ctx.n_owned * a._place.group)
+        return as_ghosted(a)
+
+
+class _Adapted(torch.autograd.Function):
+    """The op on plain local tensors, as one autograd node (NOTE [aten op adapters])."""
+
+    @staticmethod
+    def forward(fctx, call, *tensors):
+        plain = [call.local_input(t, r).detach().requires_grad_(t.requires_grad) for t, r in zip(tensors, call.roles)]
+        args, kwargs = _fill(call.template, plain)
+        with torch.enable_grad(), _disable_current_modes():
+            out = call.func(*args, **kwargs)
+        call.several = isinstance(out, (tuple, list))
+        outputs = list(out) if call.several else [out]
+        call.kinds = [_output_kind(call.output_transforms.get(i), o, call, f"{call.where} output {i}")
+                      for i, o in enumerate(outputs)]
+        fctx.call, fctx.plain, fctx.outputs = call, plain, outputs
+        fctx.places = [t._place if isinstance(t, ShardTensor) else None for t in tensors]
+        done = [_wrap_output(o, kind, call.ctx) for o, kind in zip(outputs, call.kinds)]
+        fctx.mark_non_differentiable(*[d for d, kind in zip(done, call.kinds) if kind is None
+                                       and isinstance(d, torch.Tensor)])
+        return tuple(done)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(fctx, *grads):
+        call, ctx = fctx.call, fctx.call.ctx
+        pairs = [(o, _plain_grad(g, kind, ctx)) for o, g, kind in zip(fctx.outputs, grads, call.kinds)
+                 if kind is not None and g is not None and o.requires_grad]
+        wanted = [i for i, t in enumerate(fctx.plain) if t.requires_grad]
+        found = [None] * len(wanted)
+        if pairs and wanted:
+            with _disable_current_modes():
+                found = torch.autograd.grad([o for o, _ in pairs], [fctx.plain[i] for i in wanted],
+                                            [g for _, g in pairs], allow_unused=True)
+        back = [None] * len(fctx.plain)
+        for i, g in zip(wanted, found):
+            back[i] = _input_grad(g, call.roles[i], fctx.plain[i], fctx.places[i], ctx)
+        return (None, *back)
+
+
+# ---- what the values and gradients mean at the two ends -----------------------------------
+def _output_kind(transform, o, call, where):
+    """"summed" (AllReduceSum), "shares" (ScatterOutputs), "ghosted" / "edges" rows, or None
+    (not a tensor: an int, a size)."""
+    if not isinstance(o, torch.Tensor):
+        return None
+    ctx, read = call.ctx, call.read
+    if isinstance(transform, AllReduceSum):
+        return "summed"
+    if isinstance(transform, ScatterOutputs):
+        if o.dim() == 0 or o.shape[0] != ctx.n_padded:
+            _refuse(where, f"ScatterOutputs() on {tuple(o.shape)}, not this rank's {ctx.n_padded} atom rows",
+                    "key ScatterOutputs to the per-atom output")
+        return "shares"
+    if transform is not None:
+        _refuse(where, f"{type(transform).__name__}() is not written for the aten dispatch",
+                "run with the default dispatch")
+    rows = o.shape[0] if o.dim() else None
+    atoms = rows == ctx.n_padded and bool(read & {GHOSTED, OWNED, SHARES})
+    if atoms and EDGES in read:
+        _refuse(where, "it read edge rows and returns atom rows: a sum over this rank's edges, or a per-atom "
+                "value?", "declare ScatterOutputs() for this output if it sums edges into atoms")
+    if atoms:
+        return "ghosted"
+    if rows == ctx.n_edges and EDGES in read:
+        return "edges"
+    _refuse(where, f"it read distributed rows and returns {tuple(o.shape)}, neither this rank's atom rows "
+            f"({ctx.n_padded}) nor its edge rows ({ctx.n_edges}): a value of this rank alone",
+            "declare AllReduceSum() for this output if it is a partial sum over the rows")
+
+
+def _wrap_output(o, kind, ctx):
+    if kind is None:
+        return o
+    o = o.detach()
+    if kind == "summed":
+        return ShardTensor(comm.all_reduce(o.contiguous(), ctx.group), REPLICATE, ctx, "an AllReduceSum output")
+    place = {"shares": Rows(0, SHARES), "ghosted": Rows(0, GHOSTED), "edges": Rows(0, EDGES)}[kind]
+    return ShardTensor(o, place, ctx, "an adapted op's output")
+
+
+def _plain_grad(g, kind, ctx):
+    """An output's gradient as the plain op's formula takes it: this rank's part of the
+    global gradient of what it computed locally."""
+    if not isinstance(g, ShardTensor):
+        return g
+    gp = g._place
+    if kind == "summed":  # the replicated gradient is every partial's
+        if not gp.is_replicate():
+            raise AtenRefusal(f"the gradient of an AllReduceSum output arrived as {gp}")
+        return g._local
+    if kind == "shares":  # a share's gradient is its atom's, on every copy
+        return as_ghosted(g) if isinstance(gp, Rows) else g._local
+    if kind == "ghosted":  # copies: the adjoint of the copy is the share
+        if isinstance(gp, Rows) and gp.kind == SHARES:
+            return g._local
+        return comm.zero_ghosts(g._local.contiguous(), 0, ctx.plan)
+    return g._local
+
+
+def _input_grad(g, role, plain, place, ctx):
+    """The plain formula's gradient, from this rank's rows only, is this rank's part: atom
+    rows as SHARES, edge rows their own, a replicated value's summed over ranks here (a
+    zero part where this rank's rows did not reach it: every rank joins the sum)."""
+    if role == "replicated":
+        total = comm.all_reduce((torch.zeros_like(plain) if g is None else g).contiguous(), ctx.group)
+        return total if place is None else ShardTensor(total, REPLICATE, ctx, "an adapted op's gradient")
+    if g is None:
+        return None
+    if role == "edges":
+        return ShardTensor(g, place.plain_values(), ctx, "an adapted op's gradient")
+    if role == "owned":
+        pad = list(g.shape)
+        pad[place.dim] = ctx.n_padded * place.group - g.shape[place.dim]
+        g = torch.cat([g, g.new_zeros(pad)], place.dim)
+    return ShardTensor(g, place.as_kind(SHARES).plain_values(), ctx, "an adapted op's gradient")

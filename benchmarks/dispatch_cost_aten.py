@@ -1,14 +1,20 @@
 """Eager cost of the aten-level dispatch vs the torch-function one, per force call (CPU).
 
-    python benchmarks/dispatch_cost_aten.py [--atoms 1000] [--repeats 7]
+    python benchmarks/dispatch_cost_aten.py [--atoms 1000] [--repeats 7] [--models lj,mace] [--ranks 2]
 
-LJ (argon, cutoff 8.5 A, ~1000 atoms, float64, forces + stress), one thread per rank:
+Per model, forces + stress, one thread per rank:
 
-* ``plain``: the model alone;
-* 1 rank: ``torch_function`` (the old dispatch: at one rank the model gets plain
-  tensors, NOTE [one rank], so it measures the strategy's bookkeeping) and ``aten``
-  (the aten ShardTensor is active at one rank too: every op goes through its rules);
-* 2 ranks (spawned gloo ranks, both dispatches active): rank 0's median.
+* ``lj``: LJ argon, cutoff 8.5 A, float64, ~1000 atoms;
+* ``mace``: medium MACE (random weights, `mace_medium_config`: 128x0e+128x1o, 2
+  interactions, r_max 5 A), float32 as the MACE overhead runners, diamond Si, ~1000 atoms.
+
+Rows at one rank: the model alone (``plain``; LJ builds its list every call, MACE
+gets one attached), ``torch_function`` and ``aten`` (both hand the model plain tensors
+at one rank: NOTE [one rank], NOTE [aten at one rank]) and ``aten rows`` (the aten
+ShardTensors kept at one rank, ``rows_at_one_rank``: what every op's rule costs). Taken
+in turn, call by call, so a slow spell of the shared machine costs every variant alike.
+``--ranks 2``: spawned gloo ranks, both dispatches active, rank 0's median (LJ only by
+default: MACE at 2 ranks is minutes on this machine; ``--rank-models`` adds it).
 
 Rows go to results/dispatch_cost_aten.json and the table to results/dispatch_cost_aten.md.
 Not a timed test: the machine is shared, so read the ratios, not the absolute times.
@@ -36,50 +42,79 @@ def _lj():
     return LennardJones(epsilon=0.0104, sigma=3.4, cutoff=8.5)
 
 
-def _system(n_atoms: int):
+def _lj_system(n_atoms: int):
     from mlipdd.testing.systems import cubic
 
     return cubic(reps=max(2, round(n_atoms ** (1 / 3))))
 
 
-def _median_ms(fn, repeats: int, barrier=None) -> float:
-    return 1e3 * median_time(fn, repeats, warmup=2, sync=barrier)
+def _mace():
+    from mlipdd_mace import MACEWrapper
+    from mlipdd_mace.testing import mace_medium_config, random_mace
+
+    cfg = mace_medium_config()
+    return MACEWrapper(random_mace(elements=(14,), r_max=cfg["r_max"], num_interactions=cfg["num_interactions"],
+                                   hidden_irreps=cfg["hidden_irreps"], max_ell=cfg["max_ell"],
+                                   correlation=cfg["correlation"], dtype=torch.float32, seed=0)).eval()
 
 
-def one_process(n_atoms: int, repeats: int) -> dict:
-    """Medians of calls taken in turn (plain, torch_function, aten, plain, ...): on a shared
-    machine a slow spell then costs every variant alike."""
+def _mace_system(n_atoms: int):
+    from mlipdd.lattices import silicon_diamond
+
+    batch = silicon_diamond(max(1, round((n_atoms / 8) ** (1 / 3)))).to(dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)  # rattled: a perfect crystal's forces are zero
+    batch.node["positions"] = batch.positions + 0.05 * torch.randn(batch.positions.shape, generator=g)
+    return batch
+
+
+MODELS = {"lj": (_lj, _lj_system, "float64"), "mace": (_mace, _mace_system, "float32")}
+
+
+def _dm(model, dispatch: str, rows: bool = False):
     from mlipdd.distributed import DistributedModel, DomainConfig
+
+    dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=0.0, strategy="halo", dispatch=dispatch))
+    dm.strategy.rows_at_one_rank = rows
+    return dm
+
+
+def one_process(name: str, n_atoms: int, repeats: int) -> dict:
+    from mlipdd.neighbors import attach_neighbors
 
     torch.set_num_threads(1)
-    batch = _system(n_atoms)
-    model = _lj()
-    calls = {"plain": lambda: model(batch, compute_stress=True)}
-    for dispatch in ("torch_function", "aten"):
-        dm = DistributedModel(model, DomainConfig(cutoff=8.5, skin=0.0, strategy="halo", dispatch=dispatch))
+    make_model, make_system, _ = MODELS[name]
+    batch, model = make_system(n_atoms), make_model()
+    plain = batch.clone()
+    if name != "lj":  # the bare model on a prebuilt list (LJ's forward builds its own)
+        attach_neighbors(plain, model.cutoff)
+    calls = {"plain": lambda: model(plain, compute_stress=True)}
+    for label, dispatch, rows in (("torch_function", "torch_function", False), ("aten", "aten", False),
+                                  ("aten rows", "aten", True)):
+        dm = _dm(model, dispatch, rows)
         owned = dm.partition(batch.clone())
-        calls[dispatch] = lambda dm=dm, owned=owned: dm(owned, compute_stress=True)
-    times = {name: [] for name in calls}
-    for _ in range(2):
-        for call in calls.values():
-            call()
+        calls[label] = lambda dm=dm, owned=owned: dm(owned, compute_stress=True)
+    times = {label: [] for label in calls}
+    for call in calls.values():  # warm-up (and the first call's rebuild)
+        call()
     for _ in range(repeats):
-        for name, call in calls.items():
+        for label, call in calls.items():
             t = time.perf_counter()
             call()
-            times[name].append(time.perf_counter() - t)
-    return {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
+            times[label].append(time.perf_counter() - t)
+    return {label: 1e3 * statistics.median(ts) for label, ts in times.items()}
 
 
-def rank_timing(rank, world_size, n_atoms, repeats):
+def rank_timing(rank, world_size, name, n_atoms, repeats):
     import torch.distributed as dist
-    from mlipdd.distributed import DistributedModel, DomainConfig
 
+    torch.set_num_threads(1)
+    make_model, make_system, _ = MODELS[name]
     out = {}
     for dispatch in ("torch_function", "aten"):
-        dm = DistributedModel(_lj(), DomainConfig(cutoff=8.5, skin=0.0, strategy="halo", dispatch=dispatch))
-        owned = dm.partition(_system(n_atoms) if rank == 0 else None)
-        out[dispatch] = _median_ms(lambda dm=dm, owned=owned: dm(owned, compute_stress=True), repeats, dist.barrier)
+        dm = _dm(make_model(), dispatch)
+        owned = dm.partition(make_system(n_atoms) if rank == 0 else None)
+        out[dispatch] = 1e3 * median_time(lambda dm=dm, owned=owned: dm(owned, compute_stress=True), repeats,
+                                          warmup=2, sync=dist.barrier)
     return out
 
 
@@ -87,30 +122,37 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--atoms", type=int, default=1000)
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--models", default="lj,mace")
+    p.add_argument("--ranks", type=int, default=2, help="several-rank rows at this count (0: none)")
+    p.add_argument("--rank-models", default="lj")
     args = p.parse_args(argv)
     from mlipdd.testing import run_ranks
 
-    n = round(args.atoms ** (1 / 3)) ** 3
-    one = one_process(args.atoms, args.repeats)
-    two = run_ranks(rank_timing, 2, args.atoms, args.repeats, timeout=900)[0]
+    rows = []
+    for name in args.models.split(","):
+        atoms = MODELS[name][1](args.atoms).num_atoms
+        one = one_process(name, args.atoms, args.repeats)
+        for label, ms in one.items():
+            rows.append({"model": name, "atoms": atoms, "ranks": 1, "dispatch": label, "ms": ms,
+                         "ratio": ms / one["torch_function"]})
+        if args.ranks > 1 and name in args.rank_models.split(","):
+            several = run_ranks(rank_timing, args.ranks, name, args.atoms, args.repeats, timeout=1800)[0]
+            for label, ms in several.items():
+                rows.append({"model": name, "atoms": atoms, "ranks": args.ranks, "dispatch": label, "ms": ms,
+                             "ratio": ms / several["torch_function"]})
     info = machine()
-    rows = [
-        {"ranks": 1, "dispatch": "plain model", "ms": one["plain"]},
-        {"ranks": 1, "dispatch": "torch_function (plain tensors at one rank)", "ms": one["torch_function"]},
-        {"ranks": 1, "dispatch": "aten (ShardTensor active)", "ms": one["aten"]},
-        {"ranks": 2, "dispatch": "torch_function", "ms": two["torch_function"]},
-        {"ranks": 2, "dispatch": "aten", "ms": two["aten"]},
-    ]
-    (RESULTS / "dispatch_cost_aten.json").write_text(json.dumps({"atoms": n, "machine": info, "rows": rows}, indent=1))
-    lines = [f"# Aten vs torch-function dispatch: LJ force + stress call, {n} atoms, float64, CPU, 1 thread per rank", "",
-             "| ranks | dispatch | ms per call | vs torch_function at the same rank count |",
-             "|---|---|---|---|"]
+    (RESULTS / "dispatch_cost_aten.json").write_text(json.dumps({"machine": info, "rows": rows}, indent=1))
+    lines = ["# Aten vs torch-function dispatch: force + stress call, CPU, 1 thread per rank", "",
+             "| model | atoms | dtype | ranks | dispatch | ms per call | vs torch_function at the same rank count |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
-        base = one["torch_function"] if r["ranks"] == 1 else two["torch_function"]
-        lines.append(f"| {r['ranks']} | {r['dispatch']} | {r['ms']:.1f} | {r['ms'] / base:.2f}x |")
-    lines += ["", (f"Machine: {info}. `python benchmarks/dispatch_cost_aten.py --atoms {args.atoms} --repeats "
-                   f"{args.repeats}`; medians; a shared machine, so the ratios matter, not the times. The plain "
-                   "model builds its neighbour list on every call; the DistributedModel rows reuse theirs.")]
+        lines.append(f"| {r['model']} | {r['atoms']} | {MODELS[r['model']][2]} | {r['ranks']} | {r['dispatch']} | "
+                     f"{r['ms']:.1f} | {r['ratio']:.3f}x |")
+    lines += ["", (f"Machine: {info}. `python benchmarks/dispatch_cost_aten.py {' '.join(argv or sys.argv[1:])}`; "
+                   "medians of calls taken in turn; a shared machine, so the ratios matter, not the times. "
+                   "`aten` at one rank hands the model plain tensors (NOTE [aten at one rank]); `aten rows` keeps "
+                   "the ShardTensors (`rows_at_one_rank`): the cost of the rules themselves. `plain`: LJ builds "
+                   "its neighbour list on every call; MACE gets one attached; the DistributedModel rows reuse theirs.")]
     (RESULTS / "dispatch_cost_aten.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -287,17 +287,16 @@ def test_torch_sim_model_dtype_float32_equals_torch_sims_own_float32_mace(nproc,
         torch.testing.assert_close(got[key], expected[key].detach(), rtol=0, atol=1e-5 * max(scale, 1.0))
 
 
-def test_cli_dtype_float32_runs_a_float64_mace_file(tmp_path, mace64):
-    """Was broken: 'the model supports [torch.float64]', a Python fix as the answer."""
-    import subprocess
-    import sys
+def test_cli_dtype_float32_runs_a_float64_mace_file(tmp_path, mace64, capsys, monkeypatch):
+    """Was broken: 'the model supports [torch.float64]', a Python fix as the answer. In this
+    process (`mlipdd.cli.main`, what `python -m mlipdd` runs): a fresh one would import mace
+    again for the same code path."""
+    from mlipdd.cli import main
 
     path = tmp_path / "random.model"
     model = copy.deepcopy(random_mace(elements=(1, 6, 8, 18), r_max=4.0, dtype=torch.float64, seed=1))
     torch.save(model, path)
-    out = subprocess.run(
-        [sys.executable, "-m", "mlipdd", "run", "--model", "mace", "--model-arg", f"path={path}",
-         "--dtype", "float32", "--steps", "2", "--size", "2", "--device", "cpu", "--progress", "off"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False)
-    assert out.returncode == 0, out.stderr
-    assert "(float32, cpu)" in out.stdout
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--model", "mace", "--model-arg", f"path={path}", "--dtype", "float32", "--steps", "2",
+                 "--size", "2", "--device", "cpu", "--progress", "off"]) == 0
+    assert "(float32, cpu)" in capsys.readouterr().out

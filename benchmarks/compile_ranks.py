@@ -1,8 +1,11 @@
 """DomainConfig(compile=True) at several gloo ranks: message-passing models through NVE.
 
     python benchmarks/compile_ranks.py --ranks 2 --steps 1000
+    python benchmarks/compile_ranks.py --strategy sharded --models mpnn --name compile_ranks_sharded
+    python benchmarks/compile_ranks.py --strategy graph_partition --models gpmpnn --name compile_ranks_gp
 
-Per model, at ``--ranks`` spawned ranks on CPU (float64, halo storage): NVE under
+Per model, at ``--ranks`` spawned ranks on CPU (float64, ``--strategy``: halo storage by
+default; sharded storage; graph partition for a model that builds its own graph): NVE under
 `DomainParallel`, ``--steps`` steps after a 20-step warm-up, eager and compiled
 (``aot_eager``, or ``--backend``). Reported: steps/s, the neighbour-list rebuilds and
 the atoms that changed rank over the timed steps, the compiles of the timed steps (issue
@@ -29,6 +32,10 @@ SKIN = 0.5
 
 
 def _model(name):
+    if name == "gpmpnn":  # builds its own graph: graph partition
+        from mlipdd.testing.graph_building_model import GraphBuildingMPNN
+
+        return GraphBuildingMPNN(cutoff=5.0, features=16, layers=2, species=(18,))
     if name == "mpnn":
         from mlipdd.testing.toy_models import ToyMPNN
 
@@ -39,7 +46,7 @@ def _model(name):
     return MACEWrapper(random_mace(elements=(18,), r_max=5.0, channels=8, max_ell=1, correlation=2))
 
 
-def _run(rank, world_size, name, backend, steps, reps, dt):
+def _run(rank, world_size, name, backend, steps, reps, dt, strategy="halo"):
     from mlipdd.distributed import DistributedModel, DomainConfig, DomainParallel
     from mlipdd.dynamics import NVE
     from mlipdd.dynamics.velocities import initialize_velocities
@@ -50,7 +57,7 @@ def _run(rank, world_size, name, backend, steps, reps, dt):
     rows = []
     for mode in ("eager", backend):
         extra = {} if mode == "eager" else {"compile": True, "compile_backend": backend}
-        dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=SKIN, strategy="halo", **extra))
+        dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=SKIN, strategy=strategy, **extra))
         full = lj_liquid(reps, temperature=300.0, seed=3) if rank == 0 else None
         if full is not None:
             initialize_velocities(full, 300.0, seed=1)
@@ -67,11 +74,11 @@ def _run(rank, world_size, name, backend, steps, reps, dt):
                 moved, ids = moved + len(now ^ ids) // 2, now
             rate = (steps // 50 * 50) / (time.perf_counter() - t0)
             stats = dm.compile_stats or {}
-            rows.append({"model": name, "ranks": world_size, "atoms": dp.batch.num_atoms, "run": mode,
+            rows.append({"model": name, "strategy": strategy, "ranks": world_size, "atoms": dp.batch.num_atoms, "run": mode,
                          "MD steps/s": rate, "rebuilds": dp.strategy.rebuilds - rebuilds, "atoms moved": moved,
                          "compiles in timed steps": stats.get("compiles", 0) - before.get("compiles", 0),
                          "compile s": stats.get("compile_seconds"), "caps": stats.get("caps"),
-                         "ghost rows": dm.strategy.state.plan.n_ghost})
+                         "ghost rows": dm.strategy.ghost_rows(), "graphs": stats.get("graphs")})
     return rows
 
 
@@ -84,12 +91,14 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--dt", type=float, default=1.0)
     p.add_argument("--name", default="compile_ranks")
+    p.add_argument("--strategy", default="halo", choices=("halo", "sharded", "graph_partition"))
     args = p.parse_args(argv)
     from mlipdd.testing import run_ranks
 
     rows = []
     for name in args.models.split(","):
-        per_rank = run_ranks(_run, args.ranks, name, args.backend, args.steps, args.reps, args.dt, timeout=3000.0)
+        per_rank = run_ranks(_run, args.ranks, name, args.backend, args.steps, args.reps, args.dt, args.strategy,
+                             timeout=3000.0)
         for mode_rows in zip(*per_rank):  # one row per run: rank 0's, with the sums over ranks
             row = dict(mode_rows[0])
             row["atoms"] = sum(r["atoms"] for r in mode_rows)
@@ -98,14 +107,15 @@ def main(argv=None):
             row["compiles in timed steps"] = max(r["compiles in timed steps"] for r in mode_rows)
             rows.append(row)
             print(row, flush=True)
-    columns = ["model", "ranks", "atoms", "run", "MD steps/s", "rebuilds", "atoms moved", "compiles in timed steps",
-               "compile s", "caps", "ghost rows"]
+    columns = ["model", "strategy", "ranks", "atoms", "run", "MD steps/s", "rebuilds", "atoms moved", "compiles in timed steps",
+               "compile s", "caps", "graphs", "ghost rows"]
     print(write_results(args.name, f"compile=True at {args.ranks} gloo ranks: message-passing models in NVE", rows,
                         columns, notes=f"float64, liquid argon ({args.reps}^3 cells) at 300 K, dt {args.dt} fs, skin "
-                        f"{SKIN} A, halo storage; {args.steps} timed steps after 20 warm-up steps; compiles: the most "
+                        f"{SKIN} A, {args.strategy}; {args.steps} timed steps after 20 warm-up steps; compiles: the most "
                         "on any rank during the timed steps; ghost rows: the most on any rank at the end (the "
-                        "compiled shell is layers x cutoff + skin deep). mpnn: ToyMPNN, 2 layers, 16 features, "
-                        "cutoff 5 A; mace: random weights, 8 channels, max_ell 1, 2 interactions, r_max 5 A. "
+                        "compiled shell is layers x cutoff + skin deep; sharded: the request table of the eager "
+                        "routed reads; graph partition: none, every rank holds the geometry). mpnn: ToyMPNN, 2 layers, 16 features, "
+                        "cutoff 5 A; gpmpnn: GraphBuildingMPNN (its graph built in forward), the same sizes; mace: random weights, 8 channels, max_ell 1, 2 interactions, r_max 5 A. "
                         "2 shared cores, one thread per rank: times are noisy."))
 
 

@@ -1,4 +1,4 @@
-"""DomainConfig(compile=True) for message-passing models at 2-4 ranks under halo storage.
+"""DomainConfig(compile=True) for message-passing models at 2-4 ranks under halo and sharded storage.
 
 Each rank compiles its plain ``[owned | ghost]`` rows with a ghost shell as deep as the
 model's layers (NOTE [deep ghost shell] in mlipdd.distributed.compiled_halo): no exchange
@@ -37,14 +37,14 @@ def _worst(worst: dict, a: dict, b: dict) -> None:
             worst[key] = max(worst.get(key, 0.0), float((a[key] - b[key]).abs().max()) / scale)
 
 
-def _models(model, cutoff, skin=0.3):
-    eager = DistributedModel(model, DomainConfig(cutoff=cutoff, skin=skin, strategy="halo"))
-    compiled = DistributedModel(model, DomainConfig(cutoff=cutoff, skin=skin, compile=True,
+def _models(model, cutoff, skin=0.3, storage="halo"):
+    eager = DistributedModel(model, DomainConfig(cutoff=cutoff, skin=skin, strategy=storage))
+    compiled = DistributedModel(model, DomainConfig(cutoff=cutoff, skin=skin, strategy=storage, compile=True,
                                                     compile_backend="aot_eager"))
     return eager, compiled
 
 
-def _md_on_ranks(rank, world_size, steps):
+def _md_on_ranks(rank, world_size, steps, storage="halo"):
     """``steps`` MD steps with the stress (velocities ride in the batch, so they migrate
     with their atoms); per rank: worst relative difference, compile stats, rebuilds and
     how many atoms changed owner."""
@@ -52,7 +52,7 @@ def _md_on_ranks(rank, world_size, steps):
 
     torch.set_default_dtype(torch.float64)
     model = ToyMPNN(cutoff=4.5, features=8, layers=2, species=(18, 36))
-    eager, compiled = _models(model, 4.5)
+    eager, compiled = _models(model, 4.5, storage=storage)
     system = awkward_systems((18, 36)) if rank == 0 else None
     owned, mirror = eager.partition(system), compiled.partition(system)
     assert torch.equal(owned.atom_ids, mirror.atom_ids)  # the deeper shell chose the same grid
@@ -85,6 +85,19 @@ def test_compiled_message_passing_on_ranks_equals_eager_through_migration(world_
     for worst, stats, rebuilds, _ in results:
         assert set(worst) == set(KEYS) and all(value <= 1e-10 for value in worst.values()), worst
         assert rebuilds >= 3 and stats["compiles"] <= 3, (rebuilds, stats)
+    assert sum(moved for *_, moved in results) > 0, "no atom migrated: the test lost its point"
+
+
+@pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
+def test_compiled_sharded_storage_equals_eager_sharded_through_migration(world_size):
+    """Sharded storage (owned rows between calls, reads routed eagerly): compiled, the
+    strategy's halo plan hands the compiled region plain rows with the deep shell (NOTE
+    [sharded, compiled] in mlipdd.distributed.compiled_halo); equal to the eager SHARDED
+    run to 1e-10 along an MD path with migration."""
+    results = run_ranks(_md_on_ranks, world_size, 12, "sharded")
+    for worst, stats, rebuilds, _ in results:
+        assert set(worst) == set(KEYS) and all(value <= 1e-10 for value in worst.values()), worst
+        assert rebuilds >= 2 and stats["compiles"] <= 3, (rebuilds, stats)
     assert sum(moved for *_, moved in results) > 0, "no atom migrated: the test lost its point"
 
 

@@ -61,6 +61,8 @@ eager SHARDED forward (routed reads), so what is compared is the storage the use
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 
@@ -168,7 +170,8 @@ class CompiledHaloCall:
     """``call(model_batch, meta, compute_stress, eager_call) -> consolidated outputs``.
 
     ``model_batch`` is the halo strategy's batch (ShardTensor rows); ``eager_call()`` runs the
-    eager distributed forward and consolidation on it (for the checks). Counters as in
+    eager distributed forward and consolidation on it (for the checks); ``installing()`` is entered
+    around the compiled call only (the spec's adapters; the eager call installs its own). Counters as in
     `CompiledForceCall` (``inner``). ``hops``: the layers an energy reads (NOTE [deep ghost
     shell]); with more than one, the strategy's shell must have been deepened (`deepen_halo`)."""
 
@@ -183,11 +186,12 @@ class CompiledHaloCall:
         self.inner = CompiledForceCall(self._local_call, None, reach=reach, backend=backend, headroom=headroom,
                                        check_eager=False)
 
-    def __call__(self, model_batch: Batch, meta, compute_stress: bool, eager_call) -> dict:
+    def __call__(self, model_batch: Batch, meta, compute_stress: bool, eager_call, installing=contextlib.nullcontext) -> dict:
         plain = plain_rows(model_batch, meta.n_owned)
         if self.hops > 1:
             plain.neighbors = self._receptive_list(plain, meta.n_owned)
-        outputs = self.inner(plain, compute_stress)
+        with installing():  # the spec's adapters, entered by the caller
+            outputs = self.inner(plain, compute_stress)
         energy = outputs["energy"].clone()
         if group_size(self.group) > 1:
             dist.all_reduce(energy, group=self.group)

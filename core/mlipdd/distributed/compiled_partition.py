@@ -42,8 +42,8 @@ __all__ = ["CompiledPartitionCall"]
 class CompiledPartitionCall:
     """``call(model_batch, meta, compute_stress, eager_call) -> consolidated outputs``.
 
-    ``model_call(batch, stress)``: the model's force call (compiled); ``scope(meta)``: the
-    strategy's model scope, entered around it (graph breaks run eagerly and read the
+    ``model_call(batch, stress)``: the model's force call (compiled), run inside the
+    strategy's model scope and ``installing()`` (graph breaks run eagerly and read the
     partition from there). Counters as in `CompiledForceCall` (no caps: NOTE [no caps
     under graph partition])."""
 
@@ -73,11 +73,12 @@ class CompiledPartitionCall:
         self.traced_collectives += sum(_is_functional_collective(node.target) for node in gm.graph.nodes)
         return torch._dynamo.lookup_backend(self.backend)(gm, example_inputs)
 
-    def __call__(self, model_batch, meta, compute_stress: bool, eager_call) -> dict:
+    def __call__(self, model_batch, meta, compute_stress: bool, eager_call, installing=contextlib.nullcontext) -> dict:
         scope = meta.notes["scope"]
         compute_stress = bool(compute_stress)
         graphs_before, start = self.graphs, time.perf_counter()
         with contextlib.ExitStack() as stack:
+            stack.enter_context(installing())  # the spec's adapters (the eager check installs its own)
             stack.enter_context(self.strategy.model_scope(meta))
             holder = stack.enter_context(traced_partition(scope.partition))
             stack.enter_context(torch._dynamo.config.patch(trace_autograd_ops=True, recompile_limit=RECOMPILE_LIMIT,

@@ -266,11 +266,15 @@ class DistributedModel(nn.Module):
         rows, rows_meta = model_batch, meta
         if self._halo_view is not None:
             rows, rows_meta = self._halo_view.model_batch(batch, self.spec)
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(installed(self.spec))
-            if isinstance(self._compiled_halo, CompiledPartitionCall):  # the model's own code is compiled
-                stack.enter_context(activated(self.spec, row_ids=model_batch.atom_ids))
-            return self._compiled_halo(rows, rows_meta, compute_stress, eager)
+        @contextlib.contextmanager
+        def installing():  # around the compiled call only: the eager check installs its own (never nested:
+            with contextlib.ExitStack() as stack:  # an adapter installed twice would wrap itself)
+                stack.enter_context(installed(self.spec))
+                if isinstance(self._compiled_halo, CompiledPartitionCall):  # the model's own code is compiled
+                    stack.enter_context(activated(self.spec, row_ids=model_batch.atom_ids))
+                yield
+
+        return self._compiled_halo(rows, rows_meta, compute_stress, eager, installing)
 
     def _within_cutoff(self, model_batch: Batch) -> Batch:
         """At one rank, the batch with only the list's edges within the cutoff.

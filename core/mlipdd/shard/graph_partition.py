@@ -24,6 +24,10 @@ entries. That is a reduce-scatter, and the reduce-scatter's adjoint is the gathe
 the two autograd functions call each other in backward and double backward (force
 training) works.
 
+Under ``torch.compile`` (``DomainConfig(compile=True)``) the same helpers read the
+partition from a plain holder and run as functional collectives, traced into the graph
+(`mlipdd.shard.traced_collectives`); a model needs no change.
+
 # NOTE [collective order]
 Every helper that crosses ranks is a collective. All ranks must call them in the
 same order, forward and backward: the model code is the same on every rank, and a

@@ -273,6 +273,16 @@ def _dims(model) -> dict:
     }
 
 
+# Weights-sized tensors (in units of 2 x (weights + radial hidden) per edge) alive at a fused
+# chunk's peak. 0.84 was fitted to the first chunked version's H200 peaks; its backward held
+# the recomputed weights, their cutoff product (kept by the kernel's autograd) and the
+# weights' gradient: 3 weights-sized tensors by count. Now the cutoff scales the MLP's
+# 16-wide last input and the VJP takes the weights directly: the weights and their gradient,
+# 2. Scaled by that count (0.84 * 2 / 3), not measured: REFIT on the GPU
+# (.old/gpu/cueq_chunk_fused.py prints peak and estimate at 27k/8192 and 1M).
+FUSED_CHUNK_WEIGHTS = 0.56
+
+
 def estimate_memory(model, n_atoms: int, n_edges: int, chunk_atoms: int | None, itemsize: int = 4) -> dict:
     """Rough peak bytes of one energy + forces call, from the model's feature widths.
 
@@ -290,10 +300,9 @@ def estimate_memory(model, n_atoms: int, n_edges: int, chunk_atoms: int | None, 
     per node. Plain: per edge and layer the radial MLP's activations and the weights it
     makes (1.2 of those), per node the messages and features: medium cuEq on one H200,
     16.1 vs 17.0 GiB measured at 27k atoms, 38.2 vs 38.1 at 64k (benchmarks/results/
-    mace_cueq_gpu.md, cueq_chunk_fused_h200.md). Chunked: the two coefficients (1.45 node
-    tensors per layer kept, 0.84 of a chunk's edge weights alive) are fitted to the two
-    chunked H200 peaks (27k atoms at chunk 8192: 5.5 GiB; 1M at 16384: 82.9 GiB), not yet
-    checked at a third point.
+    mace_cueq_gpu.md, cueq_chunk_fused_h200.md). Chunked: 1.45 node tensors per layer kept
+    (fitted to the first chunked version's two H200 peaks: 27k atoms at chunk 8192, 5.5 GiB;
+    1M at 16384, 82.9 GiB) and `FUSED_CHUNK_WEIGHTS` of a chunk's edge weights alive.
     """
     d = _dims(model)
     per_edge_geometry = 3 * (3 + 1 + d["sh"] + 8 + 1)
@@ -308,7 +317,7 @@ def estimate_memory(model, n_atoms: int, n_edges: int, chunk_atoms: int | None, 
             chunk_edge_layer = 2 * (d["tp_weights"] + d["radial_hidden"]) + d["sh"]
             rows = min(chunk_atoms, n_atoms)
             total = (n_edges * per_edge_geometry + n_atoms * 1.45 * d["layers"] * node_layer
-                     + rows * (0.84 * edges_per_atom * chunk_edge_layer + 2 * d["mid"] + 2 * d["up"]))
+                     + rows * (FUSED_CHUNK_WEIGHTS * edges_per_atom * chunk_edge_layer + 2 * d["mid"] + 2 * d["up"]))
     elif chunk_atoms is None:
         per_edge = per_edge_geometry + d["layers"] * 1.1 * (d["mid"] + d["tp_weights"])
         per_node = d["layers"] * (d["mid"] + d["hidden"] + 2 * per_node_product)

@@ -219,6 +219,10 @@ class FusedEdgeChunkedMessages(torch.autograd.Function):
         grad_feats = torch.zeros_like(edge_feats) if want[2] else None
         grad_cut = torch.zeros_like(cutoff) if want[3] else None
         module = None if RECOMPUTE_CONVOLUTION else _polynomial_module(ctx.block.conv_tp)
+        if module is not None:
+            from mlipdd.shard import FIRED
+
+            FIRED["mace_cueq:fused_conv_chunked_vjp"] += 1
         grad = grad.contiguous()
         for start, end, s_lo, s_hi, r_lo, r_hi, sender, receiver in _chunks(ctx.chunk, ctx.spans, edge_index):
             cut = cutoff[start:end] if cutoff is not None else None

@@ -133,3 +133,53 @@ def test_memory_estimate_of_the_fused_path(fused_model):
     fused = MACEWrapper(fused_model.model, chunk_atoms=1000).memory_estimate(atoms, edges)
     assert fused["bytes"] < fused["plain_bytes"] / 2
     assert fused["plain_bytes"] < unfused.memory_estimate(atoms, edges)["bytes"]
+
+
+def test_vjp_backward_equals_the_recomputing_one(fused_model, monkeypatch):
+    """The backward applies cuEq's VJP polynomial to the recomputed radial weights; the first
+    version ran the chunk's kernel forward again and differentiated it. Same gradients."""
+    from mlipdd_mace import chunked_fused
+
+    batch = small_cueq_systems()["small_cell"]
+    before = FIRED["mace_cueq:fused_conv_chunked_vjp"]
+    vjp = MACEWrapper(fused_model.model, chunk_atoms=4)(batch.clone(), compute_stress=True)
+    assert FIRED["mace_cueq:fused_conv_chunked_vjp"] - before == len(fused_model.model.interactions)
+    monkeypatch.setattr(chunked_fused, "RECOMPUTE_CONVOLUTION", True)
+    before = FIRED["mace_cueq:fused_conv_chunked_vjp"]
+    recomputed = MACEWrapper(fused_model.model, chunk_atoms=4)(batch.clone(), compute_stress=True)
+    assert FIRED["mace_cueq:fused_conv_chunked_vjp"] == before, "RECOMPUTE_CONVOLUTION must bypass the VJP"
+    ref = fused_model(batch.clone(), compute_stress=True)
+    for key in ("energy", "forces", "stress"):
+        assert relative_difference(vjp[key].detach(), recomputed[key].detach()) < 1e-13, key
+        assert relative_difference(vjp[key].detach(), ref[key].detach()) < 1e-12, key
+
+
+def test_cutoff_folded_into_the_radial_mlp(fused_model):
+    """mace's weights are ``R(f) * c``; the chunks compute ``last(hidden(f) * c)``, the same
+    up to rounding, only for a radial MLP whose last layer is linear without bias."""
+    from mace.modules.radial import RadialMLP
+
+    from mlipdd_mace.chunked import _bias_free_last_layer, radial_weights
+
+    block = fused_model.model.interactions[1]
+    assert _bias_free_last_layer(block.conv_tp_weights) is not None, "the fold must apply to mace's MLP"
+    torch.manual_seed(0)
+    feats = torch.rand(50, block.conv_tp_weights.hs[0], dtype=torch.float64)
+    cutoff = torch.rand(50, 1, dtype=torch.float64)
+    mace_order = block.conv_tp_weights(feats) * cutoff
+    assert relative_difference(radial_weights(block, feats, cutoff), mace_order) < 1e-14
+    assert torch.equal(radial_weights(block, feats, None), block.conv_tp_weights(feats))
+    assert _bias_free_last_layer(RadialMLP([8, 16, 32])) is None, "a last layer with a bias is not linear"
+
+
+def test_row_spans_read_once_per_forward(fused_model, monkeypatch):
+    """Both layers chunk the same edge list over the same table: one host read per forward."""
+    from mlipdd_mace import chunked_fused
+
+    reads = []
+    original = chunked_fused._row_spans
+    monkeypatch.setattr(chunked_fused, "_row_spans", lambda *a: reads.append(a) or original(*a))
+    MACEWrapper(fused_model.model, chunk_atoms=5)(small_cueq_systems()["slab"].clone())
+    assert len(reads) == 1 and len(fused_model.model.interactions) == 2
+    MACEWrapper(fused_model.model, chunk_atoms=5)(small_cueq_systems()["slab"].clone())
+    assert len(reads) == 2, "the cache must not outlive its forward"

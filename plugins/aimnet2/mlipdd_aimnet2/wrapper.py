@@ -297,9 +297,9 @@ class AIMNet2Wrapper(ModelWrapper):
             data = self.model.forward_prepared(data)
         energy = data["energy"].to(torch.float64)
         for method, term in (("dsf", self._dsf_energy), ("simple", simple_energy), ("ewald", None)):
-            chosen = torch.tensor([m == method for m in methods], dtype=torch.float64, device=positions.device)
-            if not bool(chosen.any()):
+            if method not in methods:  # decided on the host: no device round trip per method
                 continue
+            chosen = torch.tensor([m == method for m in methods], dtype=torch.float64, device=positions.device)
             if method == "simple":
                 check_all_pairs(data, chosen, self.method_cutoffs["simple"])
             if method == "dsf" and dsf_kernel:  # one system, so chosen is [1.0]

@@ -36,59 +36,86 @@ def cueq_model():
     return cueq_mace_wrapper(**SMALL_CUEQ_ARCH)
 
 
+@pytest.fixture(scope="module")
+def references(cueq_model):
+    """One cuEq process's outputs (with stress) on each small system, unfused and fused: once
+    for the module (every distributed check compares with them)."""
+    fused = reference_fused_cueq_wrapper(**SMALL_CUEQ_ARCH)
+    assert fused.model_config.extra["tensor_products"] == "cuequivariance (fused conv, torch reference kernels)"
+    systems = small_cueq_systems()
+    return {label: {name: model(b.clone(), compute_stress=True) for name, b in systems.items()}
+            for label, model in (("unfused", cueq_model), ("fused", fused))}
+
+
 def _assert_same(out, ref, tol=1e-10):
     for key in COMPARED_OUTPUTS:
         if key in ref:
             assert relative_difference(out[key].detach(), ref[key].detach()) < tol, key
 
 
-def test_cueq_equals_e3nn_and_says_so(cueq_model):
+def test_cueq_equals_e3nn_and_says_so(cueq_model, references):
     e3nn = MACEWrapper(random_mace(**SMALL_CUEQ_ARCH))
     assert cueq_model.model_config.extra["cuequivariance"] is True
     assert cueq_model.model_config.extra["tensor_products"] == "cuequivariance (unfused conv, torch reference kernels)"
     assert "tensor_products='cuequivariance (unfused conv" in repr(cueq_model)
     assert e3nn.model_config.extra["tensor_products"] == "e3nn" and not e3nn.cuequivariance
-    for batch in small_cueq_systems().values():
-        _assert_same(cueq_model(batch.clone(), compute_stress=True), e3nn(batch.clone(), compute_stress=True))
+    for name, batch in small_cueq_systems().items():
+        _assert_same(references["unfused"][name], e3nn(batch.clone(), compute_stress=True))
     before = torch.get_default_dtype()
     assert e3nn.to_cueq().cuequivariance and cueq_model.to_cueq() is cueq_model
     assert torch.get_default_dtype() == before, "the converter's default dtype must not leak"
 
 
+def _unfused_and_fused(rank, world_size, batches, strategies):
+    """Spawned-rank worker: both forms of the cuEq model in ONE group of ranks (a launch and
+    a cuEq conversion per rank are the slow part on CPU)."""
+    return {label: outputs_per_strategy(rank, world_size, functools.partial(build, **SMALL_CUEQ_ARCH), batches,
+                                        strategies)
+            for label, build in (("unfused", cueq_mace_wrapper), ("fused", reference_fused_cueq_wrapper))}
+
+
 @pytest.mark.mlipdd_conformance(world_sizes=(2, 3))
-def test_cueq_distributed_equals_one_cueq_process(cueq_model, world_size):
+def test_cueq_distributed_equals_one_cueq_process(references, world_size):
     """gloo ranks vs one cuEq process, halo and sharded storage: triclinic, own images,
-    vacuum (a rank of the slab may own no atom under sharded storage)."""
+    vacuum (a rank of the slab may own no atom under sharded storage); mace's converted model
+    (unfused) and mace's fused-convolution call (senders as an input index, receivers as an
+    output index) on cuEq's reference kernels, whose rule gives it the sender table and
+    completes the receiver sums."""
     systems = small_cueq_systems()
-    refs = {name: cueq_model(b.clone(), compute_stress=True) for name, b in systems.items()}
-    factory = functools.partial(cueq_mace_wrapper, **SMALL_CUEQ_ARCH)
     strategies = ("halo", "sharded")
-    parts = run_ranks(outputs_per_strategy, world_size, factory, list(systems.values()), strategies, timeout=600)
-    for strategy in strategies:
-        assert sum(p[strategy, i]["n_ghost"] for p in parts for i in range(len(systems))) > 0, "no remote row read"
-        for i, (name, batch) in enumerate(systems.items()):
-            per_rank = [p[strategy, i] for p in parts]
-            assert all(o["cueq_rule_calls"] > 0 for o in per_rank), "the cuEq row rules never ran"
-            forces = gather_by_id(per_rank, "forces", batch.num_atoms)
-            ref = refs[name]
-            where = f"{strategy} {name}"
-            assert relative_difference(per_rank[0]["energy"], ref["energy"].detach()) < 1e-12, where
-            assert relative_difference(forces, ref["forces"].detach()) < 1e-10, where
-            assert relative_difference(per_rank[0]["stress"], ref["stress"].detach()) < 1e-10, where
+    parts = run_ranks(_unfused_and_fused, world_size, list(systems.values()), strategies, timeout=600)
+    for label, rule_counter in (("unfused", "cueq_rule_calls"), ("fused", "cueq_fused_calls")):
+        for strategy in strategies:
+            assert sum(p[label][strategy, i]["n_ghost"] for p in parts for i in range(len(systems))) > 0, \
+                "no remote row read"
+            for i, (name, batch) in enumerate(systems.items()):
+                per_rank = [p[label][strategy, i] for p in parts]
+                assert all(o[rule_counter] > 0 for o in per_rank), f"{label}: the cuEq row rule never ran"
+                forces = gather_by_id(per_rank, "forces", batch.num_atoms)
+                ref = references[label][name]
+                where = f"{label} {strategy} {name}"
+                assert relative_difference(per_rank[0]["energy"], ref["energy"].detach()) < 1e-12, where
+                assert relative_difference(forces, ref["forces"].detach()) < 1e-10, where
+                assert relative_difference(per_rank[0]["stress"], ref["stress"].detach()) < 1e-10, where
 
 
-def test_chunked_cueq_equals_plain_cueq(cueq_model):
+def test_the_fused_form_is_the_same_model(references):
+    for name in references["fused"]:
+        _assert_same(references["fused"][name], references["unfused"][name], tol=1e-11)
+
+
+def test_chunked_cueq_equals_plain_cueq(cueq_model, references):
     batch = small_cueq_systems()["triclinic"]
-    ref = cueq_model(batch.clone(), compute_stress=True)
+    ref = references["unfused"]["triclinic"]
     for chunk_atoms in (1, 7):
         _assert_same(MACEWrapper(cueq_model.model, chunk_atoms=chunk_atoms)(batch.clone(), compute_stress=True), ref)
     estimate = MACEWrapper(cueq_model.model, chunk_atoms=1000).memory_estimate(100_000, 4_500_000)
     assert estimate["bytes"] < estimate["plain_bytes"]
 
 
-def test_chunked_cueq_distributed_equals_plain_cueq(cueq_model):
+def test_chunked_cueq_distributed_equals_plain_cueq(references):
     systems = small_cueq_systems()
-    refs = {name: cueq_model(b.clone(), compute_stress=True) for name, b in systems.items()}
+    refs = references["unfused"]
     factory = functools.partial(cueq_mace_wrapper, chunk_atoms=3, **SMALL_CUEQ_ARCH)
     parts = run_ranks(outputs_per_strategy, 2, factory, list(systems.values()), ("sharded",), timeout=600)
     for i, (name, batch) in enumerate(systems.items()):
@@ -138,31 +165,6 @@ def test_loading_a_cueq_file_without_cuequivariance(tmp_path, cueq_model):
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
     assert "holds a cuEquivariance MACE model" in done.stdout and "mlipdd[cueq]" in done.stdout, done.stderr[-2000:]
-
-
-@pytest.mark.mlipdd_conformance(world_sizes=(2, 3))
-def test_fused_convolution_distributed_equals_one_process(cueq_model, world_size):
-    """mace's fused-convolution call (senders as an input index, receivers as an output
-    index) on cuEq's reference kernels: the rule that gives it the sender table and
-    completes the receiver sums, under halo and sharded storage, vs one process."""
-    fused = reference_fused_cueq_wrapper(**SMALL_CUEQ_ARCH)
-    assert fused.model_config.extra["tensor_products"] == "cuequivariance (fused conv, torch reference kernels)"
-    systems = small_cueq_systems()
-    refs = {name: fused(b.clone(), compute_stress=True) for name, b in systems.items()}
-    for name, batch in systems.items():  # the fused form is the same model as the unfused one
-        _assert_same(refs[name], cueq_model(batch.clone(), compute_stress=True), tol=1e-11)
-    strategies = ("halo", "sharded")
-    factory = functools.partial(reference_fused_cueq_wrapper, **SMALL_CUEQ_ARCH)
-    parts = run_ranks(outputs_per_strategy, world_size, factory, list(systems.values()), strategies, timeout=600)
-    for strategy in strategies:
-        for i, (name, batch) in enumerate(systems.items()):
-            per_rank = [p[strategy, i] for p in parts]
-            assert all(o["cueq_fused_calls"] > 0 for o in per_rank), "the fused-conv rule never ran"
-            forces = gather_by_id(per_rank, "forces", batch.num_atoms)
-            where = f"{strategy} {name}"
-            assert relative_difference(per_rank[0]["energy"], refs[name]["energy"].detach()) < 1e-12, where
-            assert relative_difference(forces, refs[name]["forces"].detach()) < 1e-10, where
-            assert relative_difference(per_rank[0]["stress"], refs[name]["stress"].detach()) < 1e-10, where
 
 
 def test_cli_builds_cueq_mace_and_runs_md(tmp_path):

@@ -71,8 +71,14 @@ def edges_within_cutoff(
         shifts = cartesian_shifts(unit_shifts, cell.detach(), system_of_atom[sender])
         vectors = pos[receiver] - pos[sender] + shifts
         length_sq = (vectors * vectors).sum(dim=1)
-        self_edge = (sender == receiver) & (unit_shifts == 0).all(dim=1)
-        keep = (length_sq < cutoff * cutoff) & ~self_edge
+        keep = length_sq < cutoff * cutoff
+        # only a zero-length edge can be a self-edge; asking which is which compares row
+        # numbers, which the aten dispatch refuses (an own image is another row under DD),
+        # so it is asked only of a list that has one (mlipdd's lists never do)
+        zero = (length_sq == 0).any()
+    if bool(zero):
+        with torch.no_grad():
+            keep = keep & ~((sender == receiver) & (unit_shifts == 0).all(dim=1))
     if bool(keep.all()):
         return edge_index, unit_shifts
     return edge_index[:, keep], unit_shifts[keep]

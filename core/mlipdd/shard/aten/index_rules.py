@@ -147,6 +147,14 @@ def index(func, args, kwargs):
     if len(given) != 1:
         if xp is None and not any(rows_of(i) for _, i in given):
             return _rep(func, args, kwargs)
+        places = {rows_of(i) for _, i in given}
+        if xp is None and [k for k, _ in given] == list(range(len(given))) and len(places) == 1:
+            # table[z[snd], z[rcv]]: a replicated table read by per-row keys (D3's C6) is row-local;
+            # keys that are atom row numbers (the edge index itself) name pairs of rows: refused below
+            (p,) = places
+            if p is not None and p.dim == 0 and p.kind != SHARES and p.values != "atoms" and \
+                    len({tuple(i.shape) for _, i in given}) == 1 and given[0][1].dim() == 1:
+                return finish(func, args, func(unwrap(x), [unwrap(i) for i in indices]), p.plain_values(), given[0][1]._ctx)
         if xp is not None and not any(rows_of(i) for _, i in given) and xp.dim not in [k for k, _ in given] \
                 and xp.dim < min(k for k, _ in given):
             return finish(func, args, func(x._local, [unwrap(i) for i in indices]), xp.plain_values(), x._ctx)

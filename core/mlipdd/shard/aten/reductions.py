@@ -99,7 +99,7 @@ def other_reduction(func, args, kwargs):
     x = args[0]
     p = x._place
     name = func.overloadpacket.__name__
-    if len(args) > 1 and not isinstance(args[1], bool) and args[1] is not None:
+    if len(args) > 1 and not isinstance(args[1], (bool, torch.Tensor)) and args[1] is not None:  # softmax bwd: below
         dims = _dims(x, args[1])
     elif "dim" in kwargs and kwargs["dim"] is not None:
         dims = _dims(x, kwargs["dim"])

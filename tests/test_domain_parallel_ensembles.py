@@ -35,7 +35,9 @@ def system(kind):
     return rattled_crystal() if kind == "fire" else hot_liquid()
 
 
-STEPS = {"nose_hoover": 200, "npt": 200, "fire": 400}
+# a reduction over owned atoms alone diverges within a few steps; 100 MD steps still rebuild
+# the lists and move the barostat's cell (asserted), as 200 did; FIRE runs to convergence
+STEPS = {"nose_hoover": 100, "npt": 100, "fire": 400}
 
 
 def single_process(kind):

@@ -23,6 +23,7 @@ of ``--repeats``. ``--profile`` lists the top operators (self CPU time) of one c
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import sys
@@ -109,7 +110,7 @@ def main(argv=None):
                     rows += profile(kind, size, path, args.top)
                 else:
                     rows.append(compare(kind, size, path, args.repeats))
-                    print(rows[-1], flush=True)
+                    print(json.dumps(rows[-1]), flush=True)  # rows as they come (a long run may be cut)
     notes = (f"{args.label} Random-weight AIMNet2 (released architecture, released-scale atomic shifts), float32, "
              f"energy + forces, {args.threads} intra-op thread(s), one process (`benchmarks/aimnet2_cases.py` for "
              f"the systems). Load average at start {load:.1f}, at the end {os.getloadavg()[0]:.1f}, on "

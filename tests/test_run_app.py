@@ -94,18 +94,25 @@ def test_restart_continues_the_run_on_one_and_two_ranks(capsys, tmp_path):
     assert _last_frame_minimum_image(c, a) < 1e-7  # extxyz keeps 8 decimals
 
 
-def test_errors_are_one_line_with_exit_code_2_on_one_rank_and_on_two(tmp_path):
-    cases = [
+def test_errors_are_one_line_with_exit_code_2_on_one_rank_and_on_two(tmp_path, capsys):
+    in_process = [
         ("run", "--ensemble", "npx"),  # argparse
-        ("run", "--system", str(tmp_path / "missing.xyz")),  # input
         ("run", "--steps", "1", "--model-arg", "cutoff=-1"),  # model settings
         ("plot", str(tmp_path / "missing.csv")),
     ]
-    for args in cases:
-        out = mlipdd(*args)
-        assert out.returncode == 2, (args, out.stderr)
-        assert len(out.stderr.strip().splitlines()) == 1 and "error:" in out.stderr, (args, out.stderr)
-    # two ranks: bad input detected inside the run says it once too
+    for args in in_process:  # `mlipdd.cli.main`, what `python -m mlipdd` runs
+        try:
+            code = main(list(args))
+        except SystemExit as done:  # argparse exits as it does in a fresh process
+            code = done.code
+        err = capsys.readouterr().err
+        assert code == 2, (args, err)
+        assert len(err.strip().splitlines()) == 1 and "error:" in err, (args, err)
+    # a fresh process as a user meets it (nothing but the line on stderr), on one rank ...
+    out = mlipdd("run", "--system", str(tmp_path / "missing.xyz"))
+    assert out.returncode == 2, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "error:" in out.stderr, out.stderr
+    # ... and on two: bad input detected inside the run says it once too
     out = mlipdd("run", "--size", "2", "--steps", "2", "--nproc", "2", "--model-arg", "cutoff=-1")
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
 

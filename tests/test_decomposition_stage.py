@@ -64,7 +64,7 @@ def _worker(rank, world_size, n_steps):
         return {"calls": calls, "unprepared": unprepared_forwards, "outside": hook.outside}
 
 
-@pytest.mark.mlipdd_conformance(world_sizes=(2, 3))
+@pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
 def test_one_vote_per_step_and_migration_before_the_force_call(world_size):
     n_steps = 40
     for part in run_ranks(_worker, world_size, n_steps):

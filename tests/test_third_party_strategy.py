@@ -99,7 +99,7 @@ def _forces_worker(rank, world_size, batch):
             **{k: out[k].detach() for k in ("energy", "forces", "stress")}}
 
 
-@pytest.mark.mlipdd_conformance(world_sizes=(2, 3))
+@pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
 def test_a_third_party_strategy_equals_one_process(world_size):
     batch = system()
     reference = model()(batch.clone(), compute_stress=True)
@@ -133,7 +133,7 @@ def _md_worker(rank, world_size, batch, n_steps):
     return full, report
 
 
-@pytest.mark.mlipdd_conformance(world_sizes=(2, 3))
+@pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
 def test_a_third_party_strategy_runs_md_like_one_process(world_size):
     n_steps = 30
     reference = _md(system(), n_steps)

@@ -74,7 +74,7 @@ def _unfused_and_fused(rank, world_size, batches, strategies):
             for label, build in (("unfused", cueq_mace_wrapper), ("fused", reference_fused_cueq_wrapper))}
 
 
-@pytest.mark.mlipdd_conformance(world_sizes=(2, 3))
+@pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
 def test_cueq_distributed_equals_one_cueq_process(references, world_size):
     """gloo ranks vs one cuEq process, halo and sharded storage: triclinic, own images,
     vacuum (a rank of the slab may own no atom under sharded storage); mace's converted model

@@ -1,0 +1,94 @@
+"""Ewald, PME, DSF, D3 and pipelines under the aten dispatch (``DomainConfig(dispatch="aten")``).
+
+One spawned launch per rank count (2, 3, 4 gloo ranks, float64, halo storage) runs every
+case against one process, 1e-10 relative on energy, forces and stress: Ewald and PME
+(Warp and torch splines: the spec's OpAdapters act above autograd, NOTE [aten op
+adapters]) on a tilted charged cell whose ranks see their own images and on two
+triclinic cells, DSF on a slab with vacuum, D3 on rattled MgO, and the pipelines
+[MACE, PME, D3] and [MACE, QEq -> PME]. The D3 three-body (ATM) term builds its triples
+with ``nonzero`` on edge rows: refused by name on every rank (the last case of the launch,
+since a refusal inside the forward ends the process group).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+from mlipdd import Batch
+from mlipdd.testing.spawn import run_ranks
+from mlipdd.testing.systems import slab, two_systems
+from mlipdd_ewald_pme.d3 import D3Wrapper
+from mlipdd_ewald_pme.testing import (
+    compare_distributed,
+    d3_systems,
+    mace_pme_d3_pipeline,
+    qeq_pme_pipeline,
+    random_charges,
+    rock_salt,
+)
+from mlipdd_ewald_pme.wrappers import DSFWrapper, EwaldWrapper, PMEWrapper
+
+WORLD_SIZES = tuple(int(n) for n in os.environ.get("MLIPDD_CONFORMANCE_RANKS", "2,3,4").split(","))
+EWALD = functools.partial(EwaldWrapper, cutoff=6.0, accuracy=1e-6)
+PME = functools.partial(PMEWrapper, cutoff=6.0, accuracy=1e-6)
+PME_TORCH = functools.partial(PMEWrapper, cutoff=6.0, accuracy=1e-6, spline="torch")
+DSF = functools.partial(DSFWrapper, cutoff=7.0, alpha=0.25)
+D3 = functools.partial(D3Wrapper, cutoff=6.0)
+D3_ATM = functools.partial(D3Wrapper, cutoff=6.0, params={"s9": 1.0}, three_body_cutoff=5.0, switch_on=4.5)
+
+
+def _cases():
+    small = rock_salt((2, 2, 2), vacancies=2, extra_charge=1.0, seed=1)
+    pair = random_charges(two_systems(species=(11, 17), spacing=2.9), seed=2, neutral=False)
+    vacuum = random_charges(slab(species=(11, 17), spacing=2.9, reps=(5, 5, 3)), seed=3)
+    mgo = Batch.from_ase(d3_systems()["MgO(100) slab"].repeat((2, 2, 1)))
+    mgo.system["pbc"][:] = True
+    return [(EWALD, small, True), (PME, small, True), (PME_TORCH, small, True), (PME, pair, True),
+            (DSF, vacuum, True), (D3, mgo, True), (mace_pme_d3_pipeline, small, True),
+            (qeq_pme_pipeline, small, True)], (D3_ATM, mgo, True)
+
+
+def _aten_cases(rank, world_size, cases, refused):
+    from mlipdd.distributed import DistributedModel, DistributedPipelineModel, DomainConfig
+    from mlipdd.models import PipelineModelWrapper
+
+    def run(factory, batch, stress):
+        model = factory()
+        runner = DistributedPipelineModel if isinstance(model, PipelineModelWrapper) else DistributedModel
+        dm = runner(model, DomainConfig(cutoff=model.cutoff, strategy="halo", dispatch="aten"))
+        owned = dm.partition(batch if rank == 0 else None)
+        out = dm(owned, compute_stress=stress)
+        return {"atom_ids": owned.atom_ids, "energy": out["energy"], "forces": out["forces"],
+                "stress": out["stress"] if stress else None, "edges": dm.last_padded.neighbors.num_edges}
+
+    results = [run(*case) for case in cases]
+    try:
+        run(*refused)
+        message = None
+    except Exception as error:  # noqa: BLE001 - the refusal (this rank) or its echo (the others)
+        message = f"{type(error).__name__}: {error}"
+    return results, message
+
+
+@pytest.fixture(scope="module")
+def single_process():
+    cases, refused = _cases()
+    references = [{k: v.detach() for k, v in factory()(batch, compute_stress=stress).items()}
+                  for factory, batch, stress in cases]
+    return cases, refused, references
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_aten_dispatch_equals_single_process(single_process, world_size):
+    cases, refused, references = single_process
+    parts = run_ranks(_aten_cases, world_size, cases, refused, timeout=900)
+    report = compare_distributed(cases, [p[0] for p in parts], references)
+    for (factory, batch, _), diffs in zip(cases, report):
+        name = f"{getattr(factory, 'func', factory).__name__} on {batch.num_atoms} atoms"
+        for key in ("energy", "forces", "stress"):
+            assert diffs[key] <= 1e-10, f"{world_size} ranks, {name}: {key} differs by {diffs[key]:.2e}"
+    messages = [p[1] for p in parts]
+    assert all(m is not None for m in messages), messages  # every rank stops
+    assert any("refuses `aten::nonzero" in m and "Fix:" in m for m in messages), messages

@@ -112,16 +112,22 @@ def _vjp(module, need: tuple[bool, bool, bool], device) -> torch.nn.Module:
     """cuEq's vector-Jacobian product of the convolution polynomial for the inputs
     ``need`` marks (weights, sender table, harmonics): a polynomial of (weights, senders,
     harmonics, cotangent of the sums) giving those gradients, run by the forward's method
-    (its CUDA kernels on a GPU). Built once per module, pattern and device; kept outside the
-    module so its state dict does not change."""
+    (its CUDA kernels on a GPU). Built once per module, pattern and device, kept outside the
+    module (its state dict stays as it was), and from the forward: cuEq's reference code
+    builds by fx tracing, which needs torch-function dispatch, and a backward under domain
+    decomposition may run inside a ShardTensor exchange's handler, where that is off."""
     from cuequivariance_torch import SegmentedPolynomial
 
     per_module = _VJPS.setdefault(module, {})
     key = (need, str(device))
     if key not in per_module:
         polynomial, _ = module._polynomial_orig.backward(list(need), [True])
-        per_module[key] = SegmentedPolynomial(polynomial, method=module.method,
-                                              math_dtype=module._math_dtype_orig).to(device)
+        # cuEq's reference code builds its einsums by fx tracing, which opt_einsum's path
+        # search cannot take (it asks a traced shape for its len); the traced einsum runs
+        # with whatever opt_einsum setting holds when called
+        with torch.backends.opt_einsum.flags(enabled=False):
+            per_module[key] = SegmentedPolynomial(polynomial, method=module.method,
+                                                  math_dtype=module._math_dtype_orig).to(device)
     return per_module[key]
 
 
@@ -144,29 +150,39 @@ def _chunks(chunk, spans, edge_index):
         yield start, end, s_lo, s_hi, r_lo, r_hi, edge_index[0, start:end] - s_lo, edge_index[1, start:end] - r_lo
 
 
-def _vjp_chunk(block, module, cot, read, edge_attrs, edge_feats, cutoff, sender, receiver, want):
+def _wanted(needs_input_grad, has_cutoff: bool) -> tuple[bool, bool, bool, bool]:
+    """Which of (sender table, harmonics, radial features, cutoff) want a gradient."""
+    want = needs_input_grad
+    return want[3], want[4], want[5], has_cutoff and want[6]
+
+
+def _vjp_need(want) -> tuple[bool, bool, bool]:
+    """The convolution inputs (weights, sender table, harmonics) whose gradients ``want`` needs."""
+    want_read, want_attrs, want_feats, want_cut = want
+    return want_feats or want_cut, want_read, want_attrs
+
+
+def _vjp_chunk(block, vjp, cot, read, edge_attrs, edge_feats, cutoff, sender, receiver, want):
     """Gradients of one chunk's sums (cotangent ``cot`` on its receiver rows) for the sender
     rows ``read``, the harmonics, the radial features and the cutoff (None where ``want``
     says no), from the recomputed radial weights and the convolution's VJP polynomial."""
     from mlipdd_mace.chunked import radial_weights
 
-    want_read, want_attrs, want_feats, want_cut = want
+    want_read, _, want_feats, want_cut = want
     with torch.enable_grad():
         f = edge_feats.detach().requires_grad_(want_feats)
         c = cutoff.detach().requires_grad_(want_cut) if cutoff is not None else None
         weights = radial_weights(block, f, c)
-    need = (want_feats or want_cut, want_read, want_attrs)
-    if not any(need):
-        return None, None, None, None
+    need = _vjp_need(want)
     # the VJP's outputs are the needed inputs' gradients, in input order; the sender
     # table's gradient sums into the rows of ``read`` (an indexed output), the others are per edge
     wanted = [k for k in range(3) if need[k]]
     likes = (weights, read, edge_attrs)
     out_shapes = {i: likes[k] for i, k in enumerate(wanted)}
     out_index = {wanted.index(1): sender} if want_read else {}
-    grads = iter(_vjp(module, need, read.device)(
+    grads = iter(vjp(
         [weights.detach(), read, edge_attrs, cot], {1: sender, 3: receiver}, out_shapes, out_index))
-    grad_weights, grad_read, grad_attrs = (next(grads) if wanted else None for wanted in need)
+    grad_weights, grad_read, grad_attrs = (next(grads) if needed else None for needed in need)
     grad_f = grad_c = None
     if grad_weights is not None:
         inputs = [t for t in (f, c) if t is not None and t.requires_grad]
@@ -202,6 +218,9 @@ class FusedEdgeChunkedMessages(torch.autograd.Function):
         call = _polynomial_call(block.conv_tp)
         ctx.block, ctx.chunk, ctx.call, ctx.spans, ctx.has_cutoff = block, chunk, call, spans, cutoff is not None
         ctx.save_for_backward(table, edge_attrs, edge_feats, cutoff, edge_index)
+        ctx.want = _wanted(ctx.needs_input_grad, cutoff is not None)
+        module = None if RECOMPUTE_CONVOLUTION else _polynomial_module(block.conv_tp)
+        ctx.vjp = _vjp(module, _vjp_need(ctx.want), table.device) if module is not None and any(ctx.want) else None
         out = table.new_zeros((table.shape[0], width))
         for start, end, s_lo, s_hi, r_lo, r_hi, sender, receiver in _chunks(chunk, spans, edge_index):
             cut = cutoff[start:end] if cutoff is not None else None
@@ -212,22 +231,20 @@ class FusedEdgeChunkedMessages(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         table, edge_attrs, edge_feats, cutoff, edge_index = ctx.saved_tensors
-        want = ctx.needs_input_grad
-        want = (want[3], want[4], want[5], ctx.has_cutoff and want[6])  # table, harmonics, radial, cutoff
+        want = ctx.want
         grad_table = torch.zeros_like(table) if want[0] else None
         grad_attrs = torch.zeros_like(edge_attrs) if want[1] else None
         grad_feats = torch.zeros_like(edge_feats) if want[2] else None
         grad_cut = torch.zeros_like(cutoff) if want[3] else None
-        module = None if RECOMPUTE_CONVOLUTION else _polynomial_module(ctx.block.conv_tp)
-        if module is not None:
+        if ctx.vjp is not None:
             from mlipdd.shard import FIRED
 
             FIRED["mace_cueq:fused_conv_chunked_vjp"] += 1
         grad = grad.contiguous()
         for start, end, s_lo, s_hi, r_lo, r_hi, sender, receiver in _chunks(ctx.chunk, ctx.spans, edge_index):
             cut = cutoff[start:end] if cutoff is not None else None
-            if module is not None:
-                parts = _vjp_chunk(ctx.block, module, grad[r_lo:r_hi], table[s_lo:s_hi], edge_attrs[start:end],
+            if ctx.vjp is not None:
+                parts = _vjp_chunk(ctx.block, ctx.vjp, grad[r_lo:r_hi], table[s_lo:s_hi], edge_attrs[start:end],
                                    edge_feats[start:end], cut, sender, receiver, want)
             else:
                 parts = _recomputed_chunk(ctx.block, ctx.call, table, s_lo, s_hi, r_lo, r_hi, grad,

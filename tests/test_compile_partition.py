@@ -52,8 +52,8 @@ def test_compiled_graph_partition_equals_eager(world_size):
     """Equal to eager to 1e-10 (energy, per-atom energies, forces, stress) over four calls
     with moving atoms; the exchanges are inside the compiled graphs (counted there). The
     graph's changing sizes go dynamic as they first change (measured: 2 compiles at 2 and 4
-    ranks, 3 at 3, in 3 calls), not one compile per call; every compile was checked."""
+    ranks, 2-3 at 3), not one compile per call; every compile is checked (and a peer's)."""
     for worst, stats, collectives in run_ranks(_on_ranks, world_size, 4, timeout=900.0):
         assert set(worst) == set(KEYS) and all(value <= 1e-10 for value in worst.values()), worst
         assert collectives > 0, "no collective was traced: the exchanges ran outside the graphs"
-        assert stats["compiles"] <= 3 and stats["checks"] == stats["compiles"], stats
+        assert stats["compiles"] <= 3 and stats["checks"] >= stats["compiles"], stats  # a peer's compile checks too

@@ -297,10 +297,13 @@ def _view_place(func, args, p: Rows, in_shape, out_shape):
     output dim whose prefix product equals the input's before the rows, holding the
     rows (merged with dims after them: ``group`` entries per row)."""
     n = in_shape[p.dim] // p.group
+    if n == 0:
+        in_shape, out_shape = _probe_shapes(func, args, p, in_shape, out_shape)
+        n = in_shape[p.dim] // p.group
     before = math.prod(in_shape[: p.dim])
     prefix = 1
     for d, size in enumerate(out_shape):
-        if prefix == before and size % n == 0 and size > 0 and n > 0:
+        if prefix == before and n > 0 and size > 0 and size % n == 0:
             group = size // n
             if _groups_fit(in_shape, p, group):
                 return p.moved(d, group)
@@ -312,6 +315,29 @@ def _view_place(func, args, p: Rows, in_shape, out_shape):
     return refuse(func, args, {}, f"this view merges the rows (dim {p.dim} of {tuple(in_shape)}) with a dimension "
                   f"before them, or splits them ({tuple(out_shape)})",
                   "keep the rows as the outer dimension of any reshape (x.reshape(n, -1), x.flatten(1))")
+
+
+_PROBE_ROWS = 1_000_003  # a prime no other dimension is a multiple of
+
+
+def _probe_shapes(func, args, p: Rows, in_shape, out_shape):
+    """A rank with no rows (sharded storage: an empty subdomain) sees ``(0, 3)`` viewed as
+    ``(0, 3)``, whose zeros do not say where the rows went; the other ranks place them by
+    their sizes, so this rank must decide alike (its reductions are collectives too): the
+    shapes with a probe row count instead of 0, the one zero dim of the view holding them."""
+    zeros = [d for d, size in enumerate(out_shape) if size == 0]
+    others_in = math.prod(size for d, size in enumerate(in_shape) if d != p.dim) * p.group
+    others_out = math.prod(size for d, size in enumerate(out_shape) if d not in zeros)
+    if len(zeros) != 1 or 0 in [size for d, size in enumerate(in_shape) if d != p.dim] or others_out == 0 \
+            or (_PROBE_ROWS * others_in) % others_out:
+        refuse(func, args, {}, f"a view of this rank's zero rows ({tuple(in_shape)} as {tuple(out_shape)}) that "
+               "does not say where the rows go", "keep the rows as the outer dimension of any reshape "
+               "(x.reshape(n, -1), x.flatten(1))")
+    probe_in = list(in_shape)
+    probe_in[p.dim] = _PROBE_ROWS * p.group
+    probe_out = list(out_shape)
+    probe_out[zeros[0]] = _PROBE_ROWS * others_in // others_out
+    return tuple(probe_in), tuple(probe_out)
 
 
 def _groups_fit(in_shape, p: Rows, group: int) -> bool:

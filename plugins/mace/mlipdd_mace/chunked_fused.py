@@ -12,13 +12,15 @@ polynomial from the forward one (``SegmentedPolynomial.backward``), and the same
 run it. Recomputing the chunk's forward through autograd instead would run the fused kernel
 once more per chunk only to throw its sums away (`RECOMPUTE_CONVOLUTION`).
 
-Cost per chunk, for the record (medium MACE, layer 2, float32; E chunk edges, W = 1280
-weights per edge): the weights are the traffic. A plain fused model moves ~11 E*W floats
-per layer (MLP output, the cutoff product and its backward, the kernel's reads of the weights
-and its weight gradient); the first chunked version moved ~15 (the recomputed MLP, cutoff
-product and kernel forward on top). Now: the cutoff scales the radial MLP's 16-wide last
-input instead of its W-wide output (`mlipdd_mace.chunked.radial_weights`) and the backward
-skips the kernel's forward: ~5 E*W (MLP twice, kernel read, weight gradient write and read).
+Traffic per layer, for the record (medium MACE float32: E edges, W = 1280 radial weights
+per edge in layer 2, 512 in layer 1; the weights are the largest per-edge tensor), in units
+of E*W floats: a plain fused model moves ~11 (the MLP writes the weights, the cutoff product
+reads and writes them, the kernel reads them, its backward reads them and writes their
+gradient, the cutoff product's backward and the MLP's read that); the first chunked version
+~15 (the MLP, the cutoff product and the kernel forward again in the backward). Now ~6: the
+cutoff scales the MLP's 16-wide last input instead (`mlipdd_mace.chunked.radial_weights`),
+and the backward runs the MLP and the VJP, not the kernel's forward. At 1M atoms one unit
+is ~330 GB (both layers).
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@ rule. mace's unfused convolution and the fused form (`reference_fused_cueq_wrapp
 halo storage, float64, 2/3/4 gloo ranks in one launch per rank count: a triclinic cell,
 a cell whose ranks see their own images and a slab; energy, forces and stress to 1e-10.
 
-At 3 ranks one rank stops inside cuequivariance's naive kernel ("Input/output batch size
-mismatch (16, 72) vs (0, 72)": a rank whose operand has no rows) and every rank stops with
-it (session 9, not yet traced to the system and form); 3 is left out until it is fixed:
+At 3 ranks the unfused form is exact on all three systems, but under the FUSED form one
+rank stops inside cuequivariance's naive kernel ("Input/output batch size mismatch (16, 72)
+vs (0, 72)": a rank whose operand has no rows) and every rank stops with it (session 9, not
+yet traced further); 3 is left out until it is fixed:
 ``pytest --mlipdd-world-sizes=3`` shows it.
 """
 

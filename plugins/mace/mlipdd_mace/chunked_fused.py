@@ -13,14 +13,14 @@ run it. Recomputing the chunk's forward through autograd instead would run the f
 once more per chunk only to throw its sums away (`RECOMPUTE_CONVOLUTION`).
 
 Traffic per layer, for the record (medium MACE float32: E edges, W = 1280 radial weights
-per edge in layer 2, 512 in layer 1; the weights are the largest per-edge tensor), in units
-of E*W floats: a plain fused model moves ~11 (the MLP writes the weights, the cutoff product
-reads and writes them, the kernel reads them, its backward reads them and writes their
-gradient, the cutoff product's backward and the MLP's read that); the first chunked version
-~15 (the MLP, the cutoff product and the kernel forward again in the backward). Now ~6: the
-cutoff scales the MLP's 16-wide last input instead (`mlipdd_mace.chunked.radial_weights`),
-and the backward runs the MLP and the VJP, not the kernel's forward. At 1M atoms one unit
-is ~330 GB (both layers).
+per edge in layer 2, 512 in layer 1, the largest per-edge tensor), in units of E*W floats
+(~330 GB for both layers at 1M atoms): a plain fused model moves ~5 (the MLP writes the
+weights, the kernel reads them, its backward reads them and writes their gradient, the MLP's
+backward reads that); the first chunked version ~7 (the MLP and the kernel forward again in
+the backward); now ~6. Counted on the CPU by benchmarks/mace_cueq_chunk_cost.py: 1.16x and
+1.00x the plain model's bytes per atom. A model built with ``apply_cutoff=False`` (the cutoff
+reaches the interaction) also skips the weights-sized cutoff product and its backward, ~8
+more units (`mlipdd_mace.chunked.radial_weights`); mace's default scales the radial features.
 """
 
 from __future__ import annotations

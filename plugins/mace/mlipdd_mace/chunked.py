@@ -274,13 +274,12 @@ def _dims(model) -> dict:
 
 
 # Weights-sized tensors (in units of 2 x (weights + radial hidden) per edge) alive at a fused
-# chunk's peak. 0.84 was fitted to the first chunked version's H200 peaks; its backward held
-# the recomputed weights, their cutoff product (kept by the kernel's autograd) and the
-# weights' gradient: 3 weights-sized tensors by count. Now the cutoff scales the MLP's
-# 16-wide last input and the VJP takes the weights directly: the weights and their gradient,
-# 2. Scaled by that count (0.84 * 2 / 3), not measured: REFIT on the GPU
-# (.old/gpu/cueq_chunk_fused.py prints peak and estimate at 27k/8192 and 1M).
-FUSED_CHUNK_WEIGHTS = 0.56
+# chunk's peak, fitted to the first chunked version's H200 peaks. Its backward held the
+# recomputed weights (saved by the kernel's autograd) and their gradient; the VJP backward
+# holds the same two (mace's default model has no cutoff product: the envelope scales the
+# radial features), so the fit stands; a model with apply_cutoff=False now keeps one fewer.
+# Re-check on the GPU (.old/gpu/cueq_chunk_fused.py prints peak and estimate).
+FUSED_CHUNK_WEIGHTS = 0.84
 
 
 def estimate_memory(model, n_atoms: int, n_edges: int, chunk_atoms: int | None, itemsize: int = 4) -> dict:

@@ -28,7 +28,7 @@ def systems():
     return [triclinic(species=(14,), spacing=2.4, reps=4), small_cell(species=(14,), spacing=2.4, reps=3)]
 
 
-@pytest.mark.mlipdd_conformance(world_sizes=(2, 3))
+@pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
 def test_mace_exact_under_aten_dispatch(world_size):
     cases = [(small_mace, batch, {"dispatch": "aten", "strategy": "halo", "skin": 0.0}) for batch in systems()]
     for result, _ in check_conformance_cases(cases, world_size):

@@ -100,7 +100,7 @@ def test_chunked_fused_through_its_public_call(fused_model):
         assert relative_difference(out[key].detach(), ref[key].detach()) < 1e-12, key
 
 
-@pytest.mark.mlipdd_conformance(world_sizes=(2, 3))
+@pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
 def test_chunked_fused_distributed_equals_plain_fused(fused_model, world_size):
     """gloo ranks, chunked fused convolution (3 atoms' worth of edges per kernel call) vs one
     plain fused process: triclinic, own images, vacuum (a rank may own no atom), halo and sharded."""

@@ -42,9 +42,8 @@ from mlipdd_mace.testing import random_mace_wrapper
 
 SPECIES = (1, 6, 8)
 SPACING = 2.5  # A; with r_max 4 A about 15 neighbours per atom, as in test_conformance.py
-# 2 ranks by default (every rank imports mace, slow on a small CPU box);
-# `pytest --mlipdd-world-sizes=2,3,4` (as `make test` does) runs the full matrix.
-WORLD_SIZES = (2,)
+# The full matrix (`make test`); `pytest --mlipdd-world-sizes=2` for a quick local run.
+WORLD_SIZES = (2, 3, 4)
 FLOAT32 = functools.partial(
     random_mace_wrapper, elements=SPECIES, r_max=4.0, dtype=torch.float32, seed=0
 )

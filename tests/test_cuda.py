@@ -39,3 +39,15 @@ def test_mace_float64_gloo_ranks_on_gpu():
                                 dtype=torch.float64, seed=0)
     batch = triclinic(species=(1, 6, 8), spacing=2.5)
     check_conformance(factory, batch, 2, device="cuda").assert_close()
+
+
+def test_overlap_test_of_a_cuda_batch():
+    """The input checks' overlap test on CUDA positions runs on a host copy (vesin's CUDA
+    path did not return a 0.01 A list of 1M atoms): same refusal, nothing left on the GPU."""
+    from mlipdd.data import InputError, check_no_overlaps
+
+    batch = two_systems().to("cuda")
+    check_no_overlaps(batch)
+    batch.node["positions"][3] = batch.positions[7]
+    with pytest.raises(InputError, match=r"atoms 3 and 7 overlap|atoms 7 and 3 overlap"):
+        check_no_overlaps(batch)

@@ -96,3 +96,19 @@ def test_atoms_outside_a_non_periodic_box():
 def test_unknown_element_in_constructor():
     with pytest.raises(InputError, match="unknown element"):
         AtomicData(positions=[[0.0, 0.0, 0.0]], atomic_numbers=[130])
+
+
+def test_overlap_test_on_host_geometry_names_the_atoms():
+    """CUDA batches are checked on a CPU copy of their geometry (`_host_geometry`): the
+    copy keeps each system's rows, cell and atom ids, so the same pair is named, images too."""
+    from mlipdd.data import _host_geometry, check_no_overlaps
+    from mlipdd.testing.systems import two_systems
+
+    batch = two_systems()
+    second = torch.nonzero(batch.batch == 1).flatten()
+    a, b = int(second[1]), int(second[4])
+    batch.node["positions"][b] = batch.positions[a] + batch.cell[1][0]  # b sits on a's image
+    host = _host_geometry(batch)
+    assert host.positions.device.type == "cpu" and host.num_systems == 2
+    with pytest.raises(InputError, match=rf"atoms {a} and {b} \(a periodic image\) overlap|atoms {b} and {a} \(a periodic image\) overlap"):
+        check_no_overlaps(host)

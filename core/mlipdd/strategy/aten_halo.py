@@ -25,6 +25,20 @@ from mlipdd.shard.exchange import pad
 from mlipdd.strategy.halo import HaloStrategy, model_inputs
 
 
+def rows_batch(node: dict, batch: Batch, neighbors, ctx: HaloContext) -> Batch:
+    """The model's batch: ``node``'s row tensors, ``batch``'s system fields and ``neighbors``
+    with its edge index and shifts as edge rows (both aten strategies hand the model this)."""
+    rows = Batch._from_dicts(node, dict(batch.system))
+    rows.neighbors = dataclasses.replace(
+        neighbors,
+        edge_index=ShardTensor(neighbors.edge_index, Rows(1, EDGES, values="atoms"), ctx, "edge_index"),
+        unit_shifts=ShardTensor(neighbors.unit_shifts, Rows(0, EDGES), ctx, "unit_shifts"),
+    )
+    rows.n_owned = batch.num_atoms
+    rows.neighbors.edge_index._meta = ctx  # NOTE [skin edges at one rank]: a list the strategy tracks
+    return rows
+
+
 class AtenHaloStrategy(HaloStrategy):
     """`HaloStrategy` with the aten dispatch's rows (module docstring)."""
 
@@ -71,16 +85,7 @@ class AtenHaloStrategy(HaloStrategy):
             "atom_ids": torch.cat([batch.atom_ids, state.ghost_ids]),
         }
         node.update({name: atoms(pad(value, state.plan), name) for name, value in model_inputs(batch).items()})
-        padded = Batch._from_dicts(node, dict(batch.system))
-        nl = state.neighbors
-        padded.neighbors = dataclasses.replace(
-            nl,
-            edge_index=ShardTensor(nl.edge_index, Rows(1, EDGES, values="atoms"), ctx, "edge_index"),
-            unit_shifts=ShardTensor(nl.unit_shifts, Rows(0, EDGES), ctx, "unit_shifts"),
-        )
-        padded.n_owned = batch.num_atoms
-        padded.neighbors.edge_index._meta = ctx  # NOTE [skin edges at one rank]: a list the strategy tracks
-        return padded, ctx
+        return rows_batch(node, batch, state.neighbors, ctx), ctx
 
     def consolidate(self, outputs: dict, meta: HaloContext | None, spec, autograd_outputs) -> dict:
         result = {}

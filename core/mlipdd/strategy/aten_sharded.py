@@ -21,13 +21,11 @@ probing, `mlipdd.shard.aten.rules._probe_shapes`).
 
 from __future__ import annotations
 
-import dataclasses
-
 from mlipdd.comm import any_rank
 from mlipdd.data import Batch, InputError
-from mlipdd.shard.aten import EDGES, GHOSTED, HaloContext, Rows, ShardTensor, from_local
+from mlipdd.shard.aten import GHOSTED, HaloContext, Rows, from_local
 from mlipdd.shard.aten.comm import OwnedRowsOnly
-from mlipdd.strategy.aten_halo import AtenHaloStrategy
+from mlipdd.strategy.aten_halo import AtenHaloStrategy, rows_batch
 from mlipdd.strategy.halo import model_inputs
 from mlipdd.strategy.sharded import ShardedStrategy
 
@@ -77,13 +75,4 @@ class AtenShardedStrategy(ShardedStrategy):
             "atom_ids": batch.atom_ids,
         }
         node.update({name: atoms(value, name) for name, value in model_inputs(batch).items()})
-        owned = Batch._from_dicts(node, dict(batch.system))
-        nl = state.neighbors
-        owned.neighbors = dataclasses.replace(
-            nl,
-            edge_index=ShardTensor(nl.edge_index, Rows(1, EDGES, values="atoms"), ctx, "edge_index"),
-            unit_shifts=ShardTensor(nl.unit_shifts, Rows(0, EDGES), ctx, "unit_shifts"),
-        )
-        owned.n_owned = batch.num_atoms
-        owned.neighbors.edge_index._meta = ctx  # NOTE [skin edges at one rank]: a list the strategy tracks
-        return owned, ctx
+        return rows_batch(node, batch, state.neighbors, ctx), ctx

@@ -15,8 +15,7 @@ import pytest
 from mlipdd.spec.presets import SPEC_MPNN_HALO
 from mlipdd.testing.conformance import distributed_outputs
 from mlipdd.testing.idiom_zoo import SYSTEMS, ZOO
-from mlipdd.testing.idiom_zoo.classifier import _compare, _failure_text, _references
-from mlipdd.testing.idiom_zoo.launch import run_cases
+from mlipdd.testing.idiom_zoo.classifier import selection_outcomes
 
 EXPECTED = {
     "SchNetLike": "exact", "PaiNNLike": "exact", "LayerNormFeatures": "exact", "PermutedAtomSum": "exact",
@@ -36,15 +35,6 @@ def _run_case(rank, world_size, case):
 
 @pytest.mark.mlipdd_conformance(world_sizes=(2,))
 def test_zoo_selection_exact_or_refused(world_size):
-    cases = [(model, "triclinic") for model in EXPECTED]
-    references = _references(cases)
-    outcomes = {}
-    for (model, system), report in zip(cases, run_cases(_run_case, world_size, cases, 15.0, 120.0)):
-        if report.done is None:
-            outcomes[model] = _failure_text(report)
-            continue
-        reference = references[model, system]
-        outcome, detail, _ = _compare(report.done, reference, reference["forces"].shape[0])
-        outcomes[model] = (outcome, detail)
+    outcomes = selection_outcomes(_run_case, world_size, EXPECTED)
     got = {model: outcome for model, (outcome, _) in outcomes.items()}
     assert got == EXPECTED, {m: outcomes[m] for m in EXPECTED if got[m] != EXPECTED[m]}

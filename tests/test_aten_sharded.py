@@ -23,8 +23,7 @@ from mlipdd.strategy.sharded import ShardedStrategy
 from mlipdd.testing import run_ranks
 from mlipdd.testing.conformance import build_model, gather_by_id, relative_difference
 from mlipdd.testing.idiom_zoo import SYSTEMS, ZOO
-from mlipdd.testing.idiom_zoo.classifier import _compare, _failure_text, _references
-from mlipdd.testing.idiom_zoo.launch import run_cases
+from mlipdd.testing.idiom_zoo.classifier import selection_outcomes
 from mlipdd.testing.systems import slab, small_cell, triclinic, two_systems
 from mlipdd.testing.toy_models import ToyMPNN
 
@@ -144,15 +143,6 @@ def _zoo_case(rank, world_size, case):
 
 @pytest.mark.mlipdd_conformance(world_sizes=(2,))
 def test_zoo_selection_exact_or_refused_sharded(world_size):
-    zoo_cases = [(model, "triclinic") for model in ZOO_EXPECTED]
-    references = _references(zoo_cases)
-    outcomes = {}
-    for (model, system), report in zip(zoo_cases, run_cases(_zoo_case, world_size, zoo_cases, 15.0, 120.0)):
-        if report.done is None:
-            outcomes[model] = _failure_text(report)
-            continue
-        reference = references[model, system]
-        outcome, detail, _ = _compare(report.done, reference, reference["forces"].shape[0])
-        outcomes[model] = (outcome, detail)
+    outcomes = selection_outcomes(_zoo_case, world_size, ZOO_EXPECTED)
     got = {model: outcome for model, (outcome, _) in outcomes.items()}
     assert got == ZOO_EXPECTED, {m: outcomes[m] for m in ZOO_EXPECTED if got[m] != ZOO_EXPECTED[m]}

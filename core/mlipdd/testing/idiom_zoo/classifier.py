@@ -162,6 +162,22 @@ def _classify_world_size(cases, world_size, references, collective_timeout_s, st
     return results
 
 
+def selection_outcomes(run_case, world_size: int, models: Iterable[str], system: str = "triclinic") -> dict:
+    """``{model: (outcome, detail)}`` of each model on ``system`` at ``world_size`` ranks, run by
+    ``run_case(rank, world_size, (model, system))`` in one launch: a test's zoo selection under
+    options of its own (a dispatch, a strategy), classified as the zoo's table is."""
+    cases = [(model, system) for model in models]
+    references = _references(cases)
+    outcomes = {}
+    for (model, _), report in zip(cases, run_cases(run_case, world_size, cases, 15.0, 120.0)):
+        if report.done is None:
+            outcomes[model] = _failure_text(report)
+            continue
+        reference = references[model, system]
+        outcomes[model] = _compare(report.done, reference, reference["forces"].shape[0])[:2]
+    return outcomes
+
+
 def classify(models: Iterable[str] | None = None, world_sizes: Iterable[int] = WORLD_SIZES,
              strategies: Iterable[str] = tuple(STRATEGIES), systems: Iterable[str] = tuple(SYSTEMS),
              collective_timeout_s: float = 15.0, stall_s: float = 120.0) -> list[CaseResult]:

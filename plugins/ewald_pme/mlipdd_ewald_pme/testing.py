@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import os
 
 import torch
 from mlipdd import AtomicData, Batch
+
+from mlipdd_ewald_pme.d3 import D3Wrapper
+from mlipdd_ewald_pme.wrappers import DSFWrapper, EwaldWrapper, PMEWrapper
+
+# The settings the plugin's distributed tests share: rank counts (MLIPDD_CONFORMANCE_RANKS narrows
+# them) and the wrappers at a 6 A real-space cutoff, accuracy 1e-6.
+WORLD_SIZES = tuple(int(n) for n in os.environ.get("MLIPDD_CONFORMANCE_RANKS", "2,3,4").split(","))
+EWALD = functools.partial(EwaldWrapper, cutoff=6.0, accuracy=1e-6)
+PME = functools.partial(PMEWrapper, cutoff=6.0, accuracy=1e-6)
+PME_TORCH = functools.partial(PMEWrapper, cutoff=6.0, accuracy=1e-6, spline="torch")
+DSF = functools.partial(DSFWrapper, cutoff=7.0, alpha=0.25)
+D3 = functools.partial(D3Wrapper, cutoff=6.0)
 
 SKEW = torch.tensor([[1.0, 0.0, 0.0], [0.12, 1.0, 0.0], [-0.08, 0.15, 1.0]], dtype=torch.float64)
 

@@ -23,6 +23,12 @@ from mlipdd.testing.spawn import run_ranks
 from mlipdd.testing.systems import slab, two_systems
 from mlipdd_ewald_pme.d3 import D3Wrapper
 from mlipdd_ewald_pme.testing import (
+    D3,
+    DSF,
+    EWALD,
+    PME,
+    PME_TORCH,
+    WORLD_SIZES,
     compare_distributed,
     d3_systems,
     mace_pme_d3_pipeline,
@@ -30,14 +36,7 @@ from mlipdd_ewald_pme.testing import (
     random_charges,
     rock_salt,
 )
-from mlipdd_ewald_pme.wrappers import DSFWrapper, EwaldWrapper, PMEWrapper
 
-WORLD_SIZES = tuple(int(n) for n in os.environ.get("MLIPDD_CONFORMANCE_RANKS", "2,3,4").split(","))
-EWALD = functools.partial(EwaldWrapper, cutoff=6.0, accuracy=1e-6)
-PME = functools.partial(PMEWrapper, cutoff=6.0, accuracy=1e-6)
-PME_TORCH = functools.partial(PMEWrapper, cutoff=6.0, accuracy=1e-6, spline="torch")
-DSF = functools.partial(DSFWrapper, cutoff=7.0, alpha=0.25)
-D3 = functools.partial(D3Wrapper, cutoff=6.0)
 D3_ATM = functools.partial(D3Wrapper, cutoff=6.0, params={"s9": 1.0}, three_body_cutoff=5.0, switch_on=4.5)
 
 

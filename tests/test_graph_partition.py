@@ -114,10 +114,10 @@ def test_graph_partition_refuses_halo_policy():
         DistributedModel(toy_model(), DomainConfig(cutoff=4.5, **GP), spec=SPEC_MPNN_HALO)
 
 
-def test_halo_refuses_graph_parallel_policy():
-    with pytest.raises(InputError, match="GraphParallelPolicy does not fit the halo"):
+def test_halo_refuses_graph_partition_policy():
+    with pytest.raises(InputError, match="GraphPartitionPolicy does not fit the halo"):
         DistributedModel(toy_model(), DomainConfig(cutoff=4.5), spec=SPEC_MPNN_GP)
-    with pytest.raises(InputError, match="GraphParallelPolicy does not fit the halo"):
+    with pytest.raises(InputError, match="GraphPartitionPolicy does not fit the halo"):
         DistributedModel(graph_model(), DomainConfig(cutoff=4.5))  # the model's own spec is GP
 
 

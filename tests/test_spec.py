@@ -20,7 +20,7 @@ from mlipdd.spec import (
     DistributionSpec,
     GatherInputs,
     GatherInputsFull,
-    GraphParallelPolicy,
+    GraphPartitionPolicy,
     HaloStoragePolicy,
     LocalPolicy,
     MethodAdapter,
@@ -40,7 +40,7 @@ HALO, SHARDED, LOCAL, GP = (
     HaloStoragePolicy(),
     ShardedStoragePolicy(),
     LocalPolicy(),
-    GraphParallelPolicy(),
+    GraphPartitionPolicy(),
 )
 
 
@@ -68,7 +68,7 @@ def test_policy_predicates_and_defaults():
         "local",
         False,
     )
-    assert GP.is_graph_parallel() and not GP.is_halo()
+    assert GP.is_graph_partition() and not GP.is_halo()
 
 
 def test_policies_are_frozen_and_hashable():
@@ -110,7 +110,7 @@ def test_composition_table_row(a, b, expected):
 
 
 @pytest.mark.parametrize("spatial", [HALO, SHARDED], ids=["halo", "sharded"])
-def test_graph_parallel_does_not_compose_with_spatial(spatial):
+def test_graph_partition_does_not_compose_with_spatial(spatial):
     for a, b in ((GP, spatial), (spatial, GP)):
         with pytest.raises(SpecError, match="cannot share") as info:
             _spec(a) | _spec(b)
@@ -326,7 +326,7 @@ def test_presets():
     assert SPEC_LJ_HALO.name != SPEC_MPNN_HALO.name
     assert SPEC_LJ_HALO.replace(name=SPEC_MPNN_HALO.name) == SPEC_MPNN_HALO
     assert SPEC_MPNN_SHARDED.policy.is_sharded()
-    assert SPEC_MPNN_GP.policy.is_graph_parallel()
+    assert SPEC_MPNN_GP.policy.is_graph_partition()
     assert SPEC_LOCAL.policy.is_local()
     for preset in (SPEC_MPNN_SHARDED, SPEC_MPNN_GP, SPEC_LOCAL):
         assert preset.output_kinds == SPEC_MPNN_HALO.output_kinds

@@ -10,10 +10,12 @@ import spec_helpers as sh
 import torch
 from mlipdd.spec import (
     PRESETS,
+    SPEC_MPNN_GP,
     SPEC_MPNN_HALO,
     AllReduceSum,
     DistributionSpec,
     GatherInputs,
+    GraphPartitionPolicy,
     HaloStoragePolicy,
     JitAdapter,
     MethodAdapter,
@@ -475,3 +477,10 @@ def test_patch_only_must_be_a_bool(monkeypatch):
     finally:
         unregister_plugin("test-sloppy-patch-only")
         reset_registry()
+
+
+def test_a_spec_file_with_the_old_graph_parallel_kind_loads(tmp_path):
+    data = SPEC_MPNN_GP.to_dict()
+    assert data["policy"]["kind"] == "graph_partition"
+    data["policy"]["kind"] = "graph_parallel"  # written before the rename
+    assert MLIPSpec.load(_write(tmp_path, data)).distribution.policy == GraphPartitionPolicy()

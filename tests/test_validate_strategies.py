@@ -15,7 +15,7 @@ from mlipdd.spec import (
     SPEC_MPNN_GP,
     SPEC_MPNN_HALO,
     SPEC_MPNN_SHARDED,
-    GraphParallelPolicy,
+    GraphPartitionPolicy,
     MLIPSpec,
     ShardedStoragePolicy,
 )
@@ -80,7 +80,7 @@ def test_sharded_validation_names_the_creation_site_of_an_uninferred_tensor():
 
 
 SHARDED_WRONG_SPECS = {
-    "graph_parallel_policy": SPEC_MPNN_GP,  # refused by the strategy
+    "graph_partition_policy": SPEC_MPNN_GP,  # refused by the strategy
     "reads_kept_local": SPEC_MPNN_SHARDED.replace(policy=ShardedStoragePolicy(gather="local")),  # IndexError
     "stress_not_reduced": SPEC_MPNN_SHARDED.replace(all_reduce_outputs=frozenset()),  # wrong stress
 }
@@ -99,7 +99,7 @@ def test_auto_fix_a_halo_spec_under_graph_partition():
     report = trace_and_validate(graph_building, spec=SPEC_MPNN_HALO, strategy="graph_partition")
     assert report.ok, report.summary()
     assert report.fixes_applied[0].startswith("use_the_strategy_policy: policy HaloStoragePolicy")
-    assert report.spec.policy == GraphParallelPolicy()
+    assert report.spec.policy == GraphPartitionPolicy()
 
 
 def test_cli_validate_sharded_on_four_ranks_saves_the_spec(capsys, tmp_path):
@@ -127,7 +127,7 @@ def test_unknown_strategy_is_reported_before_any_run(capsys):
 @pytest.mark.parametrize("message, strategy, expected", [
     ("InputError: the spec's policy HaloStoragePolicy does not fit the graph_partition strategy; use",
      "graph_partition", "mlipdd.spec.SPEC_MPNN_GP"),
-    ("InputError: the spec's policy GraphParallelPolicy does not fit the sharded strategy; use",
+    ("InputError: the spec's policy GraphPartitionPolicy does not fit the sharded strategy; use",
      "sharded", "mlipdd.spec.SPEC_MPNN_SHARDED"),
     ("IndexError: index 142 is out of bounds for dimension 0 with size 129", "sharded", "zeros_like"),
     ("InputError: the model ran under graph partition without asking for its node partition, so",

@@ -127,7 +127,7 @@ def partition_scope(partition: NodePartition | PartitionScope) -> Iterator[Parti
 
 
 def current_partition() -> NodePartition | None:
-    """The node partition of the running graph-parallel forward, or None.
+    """The node partition of the running graph-partition forward, or None.
 
     Asking marks the scope as used: the strategy refuses a forward in which the model
     never asked, since a model unaware of the partition would do all the work on every

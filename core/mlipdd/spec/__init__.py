@@ -5,7 +5,7 @@ plugins (the spec-file allow-list asks the plugin registry lazily).
 
 * ``MLIPSpec`` / ``DistributionSpec``: the declaration a wrapper returns.
 * Policies: ``HaloStoragePolicy``, ``ShardedStoragePolicy``, ``LocalPolicy``,
-  ``GraphParallelPolicy``; composed with ``merge_policies`` (``spec_a | spec_b``).
+  ``GraphPartitionPolicy``; composed with ``merge_policies`` (``spec_a | spec_b``).
 * ``OutputKind``: per-node / per-graph / global / unknown outputs.
 * Adapters: ``OpAdapter`` (opaque ops, with transforms), ``MethodAdapter``,
   ``PythonAdapter``, ``JitAdapter`` (patches, installed with ``installed``).
@@ -19,7 +19,7 @@ from mlipdd.spec.kinds import OutputKind
 from mlipdd.spec.mlip_spec import DistributionSpec, MLIPSpec
 from mlipdd.spec.patching import adapter_context, installed
 from mlipdd.spec.policies import (
-    GraphParallelPolicy,
+    GraphPartitionPolicy,
     HaloStoragePolicy,
     LocalPolicy,
     ShardedStoragePolicy,
@@ -46,7 +46,7 @@ from mlipdd.spec.transforms import (
 
 __all__ = ["PRESETS", "SPEC_LJ_HALO", "SPEC_LOCAL", "SPEC_MPNN_GP", "SPEC_MPNN_HALO",
            "SPEC_MPNN_SHARDED", "AllReduceSum", "DistributionSpec", "GatherInputs",
-           "GatherInputsFull", "GraphParallelPolicy", "HaloStoragePolicy", "JitAdapter",
+           "GatherInputsFull", "GraphPartitionPolicy", "HaloStoragePolicy", "JitAdapter",
            "LocalPolicy", "MLIPSpec", "MethodAdapter", "OpAdapter", "OutputKind", "PythonAdapter",
            "ScatterOutputs", "ShardedStoragePolicy", "SliceOutputsOwned", "SliceOwned", "SpecError",
            "StoragePolicy", "Transform", "adapter_context", "installed", "merge_policies"]

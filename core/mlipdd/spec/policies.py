@@ -24,7 +24,7 @@ from mlipdd.spec.errors import SpecError
 
 __all__ = [
     "POLICY_KINDS",
-    "GraphParallelPolicy",
+    "GraphPartitionPolicy",
     "HaloStoragePolicy",
     "LocalPolicy",
     "ShardedStoragePolicy",
@@ -64,8 +64,8 @@ class _PolicyBase:
     def is_local(self) -> bool:
         return self.kind == "local"
 
-    def is_graph_parallel(self) -> bool:
-        return self.kind == "graph_parallel"
+    def is_graph_partition(self) -> bool:
+        return self.kind == "graph_partition"
 
     def merge_with(self, other) -> _PolicyBase | None:
         """The policy of a pipeline running a block under ``self`` and one under ``other``,
@@ -129,14 +129,14 @@ class LocalPolicy(_PolicyBase):
 
 
 @dataclass(frozen=True)
-class GraphParallelPolicy(_PolicyBase):
+class GraphPartitionPolicy(_PolicyBase):
     """Every rank holds all positions and owns a block of nodes (graph partition, UMA).
 
     Node features are all-gathered per layer by the model's adapters, so the ops
     themselves stay local; per-system sums are reduced across ranks.
     """
 
-    kind: ClassVar[str] = "graph_parallel"
+    kind: ClassVar[str] = "graph_partition"
     allowed_scatter: ClassVar[frozenset[str]] = frozenset({"local"})
     allowed_gather: ClassVar[frozenset[str]] = frozenset({"local"})
 
@@ -145,11 +145,11 @@ class GraphParallelPolicy(_PolicyBase):
     system_reductions: bool = True
 
 
-StoragePolicy = HaloStoragePolicy | ShardedStoragePolicy | LocalPolicy | GraphParallelPolicy
+StoragePolicy = HaloStoragePolicy | ShardedStoragePolicy | LocalPolicy | GraphPartitionPolicy
 
 POLICY_KINDS: dict[str, type[_PolicyBase]] = {
     cls.kind: cls
-    for cls in (HaloStoragePolicy, ShardedStoragePolicy, LocalPolicy, GraphParallelPolicy)
+    for cls in (HaloStoragePolicy, ShardedStoragePolicy, LocalPolicy, GraphPartitionPolicy)
 }
 
 
@@ -165,10 +165,10 @@ class _Incompatible:
 
 
 _GP_VS_SPATIAL = _Incompatible(
-    "graph-parallel storage replicates every position on every rank and partitions nodes "
+    "graph-partition storage replicates every position on every rank and partitions nodes "
     "logically, while {other} storage partitions atoms in space; one pipeline has one row "
     "layout, so the two cannot share it. Run the blocks as separate distributed models, "
-    "or give the graph-parallel block a {other} spec (most MPNNs also run under "
+    "or give the graph-partition block a {other} spec (most MPNNs also run under "
     "SPEC_MPNN_HALO)"
 )
 
@@ -179,10 +179,10 @@ _MERGE_TABLE: dict[frozenset[str], str | _Incompatible] = {
     frozenset({"local"}): "local",
     frozenset({"local", "halo"}): "halo",
     frozenset({"local", "sharded"}): "sharded",
-    frozenset({"local", "graph_parallel"}): "graph_parallel",
-    frozenset({"graph_parallel"}): "graph_parallel",
-    frozenset({"graph_parallel", "halo"}): _GP_VS_SPATIAL,
-    frozenset({"graph_parallel", "sharded"}): _GP_VS_SPATIAL,
+    frozenset({"local", "graph_partition"}): "graph_partition",
+    frozenset({"graph_partition"}): "graph_partition",
+    frozenset({"graph_partition", "halo"}): _GP_VS_SPATIAL,
+    frozenset({"graph_partition", "sharded"}): _GP_VS_SPATIAL,
 }
 
 
@@ -205,7 +205,7 @@ def merge_policies(a: StoragePolicy, b: StoragePolicy) -> StoragePolicy:
             )
         return merged
     if isinstance(outcome, _Incompatible):
-        other = a.kind if b.is_graph_parallel() else b.kind
+        other = a.kind if b.is_graph_partition() else b.kind
         raise SpecError(
             f"cannot compose {type(a).__name__} with {type(b).__name__}: "
             + outcome.reason.format(other=other)

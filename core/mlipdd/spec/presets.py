@@ -11,7 +11,7 @@ from __future__ import annotations
 from mlipdd.spec.kinds import OutputKind
 from mlipdd.spec.mlip_spec import DistributionSpec, MLIPSpec
 from mlipdd.spec.policies import (
-    GraphParallelPolicy,
+    GraphPartitionPolicy,
     HaloStoragePolicy,
     LocalPolicy,
     ShardedStoragePolicy,
@@ -53,7 +53,7 @@ SPEC_MPNN_SHARDED = SPEC_MPNN_HALO.replace(
 AIMNet2): each rank stores only its owned rows."""
 
 SPEC_MPNN_GP = SPEC_MPNN_HALO.replace(
-    distribution=DistributionSpec(GraphParallelPolicy()), name="mpnn_gp"
+    distribution=DistributionSpec(GraphPartitionPolicy()), name="mpnn_gp"
 )
 """Node-partition graph parallel: every rank holds all positions and runs the layers on
 its owned block of nodes. A model family adds its own adapters on top."""

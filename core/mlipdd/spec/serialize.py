@@ -327,9 +327,14 @@ def _transforms_from_json(data: Any, where: str) -> dict[int, Any]:
     return out
 
 
+# spec files written before the policy took its strategy's name still load
+_RENAMED_POLICY_KINDS = {"graph_parallel": "graph_partition"}
+
+
 def _policy_from_json(data: Any) -> Any:
     _check_type(data, dict, "policy")
     kind = _get(data, "kind", str, "policy")
+    kind = _RENAMED_POLICY_KINDS.get(kind, kind)
     if kind not in POLICY_KINDS:
         raise SpecError(
             f"spec file names unknown policy kind {_short(kind)}; known: {sorted(POLICY_KINDS)}"

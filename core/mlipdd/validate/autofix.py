@@ -47,7 +47,7 @@ def _per_graph_outputs(spec: MLIPSpec) -> list[str]:
 
 def use_the_strategy_policy(report: ValidationReport, spec: MLIPSpec):
     """Symptom: the run refuses the spec because its policy does not fit the strategy the
-    validator runs (a graph-parallel spec under halo, a halo spec under graph partition).
+    validator runs (a graph-partition spec under halo, a halo spec under graph partition).
     Fix: that strategy's storage policy with default rules (its preset's policy)."""
     attempt, preset = report.last, strategy_preset(report.strategy)
     if preset is not None and attempt.error and f"does not fit the {report.strategy} strategy" in attempt.error:

@@ -110,13 +110,13 @@ def graph_partition_helpers() -> tuple:
 
 
 def uma_graph_partition_spec():
-    """`GraphParallelPolicy` + the adapters above; stress is a per-rank partial."""
-    from mlipdd.spec import DistributionSpec, GraphParallelPolicy, MLIPSpec
+    """`GraphPartitionPolicy` + the adapters above; stress is a per-rank partial."""
+    from mlipdd.spec import DistributionSpec, GraphPartitionPolicy, MLIPSpec
 
     from mlipdd_uma.spec import UMA_OUTPUTS
 
     return MLIPSpec(
-        distribution=DistributionSpec(GraphParallelPolicy(), third_party_helpers=graph_partition_helpers()),
+        distribution=DistributionSpec(GraphPartitionPolicy(), third_party_helpers=graph_partition_helpers()),
         output_kinds=UMA_OUTPUTS,
         all_reduce_outputs=frozenset({"stress"}),
         name="uma_graph_partition",

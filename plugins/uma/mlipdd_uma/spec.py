@@ -34,7 +34,7 @@ def uma_halo_spec() -> MLIPSpec:
 
 def uma_spec(strategy=None) -> MLIPSpec:
     """The spec for the strategy named ``strategy`` (None means halo): the first of halo
-    and graph-parallel storage it accepts."""
+    and graph-partition storage it accepts."""
     def graph_partition():
         from mlipdd_uma.graph_partition import uma_graph_partition_spec
 

@@ -76,7 +76,7 @@ def test_specs_per_strategy_and_adapters_restore(model):
     wrapper = UMAWrapper(model, task="omat")
     assert wrapper.distribution_spec().name == "uma_halo"
     gp = wrapper.distribution_spec(StrategyKind.GRAPH_PARTITION)
-    assert gp.policy.is_graph_parallel()
+    assert gp.policy.is_graph_partition()
     original = eSCNMDBackbone._generate_graph
     batch = triclinic_cell()
     plain = wrapper(batch.clone(), compute_stress=True)

@@ -1,8 +1,8 @@
 """The graph-partition strategy, in one package (``DomainConfig(strategy="graph_partition")``).
 
-Storage policy `mlipdd.spec.GraphParallelPolicy`; the strategy (replicated geometry, a
+Storage policy `mlipdd.spec.GraphPartitionPolicy`; the strategy (replicated geometry, a
 balanced node partition), its `GraphPartition` layout, consolidation and reporting in
-`strategy.py`; the model-side helpers a graph-parallel model calls are
+`strategy.py`; the model-side helpers a graph-partition model calls are
 `mlipdd.shard.graph_partition`.
 """
 

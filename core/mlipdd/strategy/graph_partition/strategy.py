@@ -85,7 +85,7 @@ class GraphPartitionStrategy(Strategy):
 
     @classmethod
     def accepts(cls, policy) -> bool:
-        return policy.is_graph_parallel()
+        return policy.is_graph_partition()
 
     def layout(self, policy) -> GraphPartition:
         return GraphPartition(reduce_systems=policy.system_reductions)
@@ -189,6 +189,6 @@ def _unaware_model_error() -> InputError:
     return InputError(
         "the model ran under graph partition without asking for its node partition, so every "
         "rank did the whole computation and the forces would be counted once per rank. Make "
-        "the model graph-parallel aware with mlipdd.shard.graph_partition (keep_owned_receivers, "
+        "the model graph-partition aware with mlipdd.shard.graph_partition (keep_owned_receivers, "
         "gather_nodes, sum_over_ranks; identity in one process) or use the halo strategy"
     )

@@ -101,6 +101,7 @@ def main(argv=None):
     p.add_argument("--machine", default="")
     p.add_argument("--name", default="compile_gpu")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--cueq", action="store_true", help="mace's convert_e3nn_cueq of the model (fused conv)")
     p.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled mode")
     args = p.parse_args(argv)
     global DEVICE
@@ -109,6 +110,10 @@ def main(argv=None):
     rows = []
     for n in (int(s) for s in args.sizes.split(",")):
         raw = medium_model(DEVICE)
+        if args.cueq:
+            from mace.cli.convert_e3nn_cueq import run as to_cueq
+
+            raw = to_cueq(raw, device=DEVICE).to(DEVICE).eval()
         bare, atoms = bare_ms(raw, n, args.repeats)
         eager_forces = None
         for mode in args.modes.split(","):
@@ -142,7 +147,7 @@ def main(argv=None):
 def write(args, rows) -> str:
     columns = ["atoms", "mode", "bare ms", "dm ms", "max dF", "first call s", "compile s", "graphs", "MD steps/s",
                "rebuilds", "recompiles/recaptures"]
-    return write_results(args.name, "Medium MACE e3nn on one GPU: eager vs compile=True vs cuda_graph=True", rows,
+    return write_results(args.name, f"Medium MACE {'cuEq' if args.cueq else 'e3nn'} on one GPU: eager vs compile=True vs cuda_graph=True", rows,
                          columns, notes=f"{args.machine}\n\nfloat32, diamond Si at 300 K, random weights, dt 1 fs, "
                         f"skin {SKIN} A. Force calls: median of {args.repeats} (energy + forces, no stress) after the "
                         "first call (the compile or capture, timed apart); max dF against the eager call. MD: the "

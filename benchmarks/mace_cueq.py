@@ -18,8 +18,10 @@ weights (128x0e+128x1o, max_ell 3, correlation 3, 6 A, 2 layers). Writes
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -135,6 +137,9 @@ def chunked(args):
 
 
 def main():
+    # a stalled row prints its stack (MLIPDD_BENCH_STALL_S seconds; the device call's limit is short)
+    if os.environ.get("MLIPDD_BENCH_STALL_S"):
+        faulthandler.dump_traceback_later(int(os.environ["MLIPDD_BENCH_STALL_S"]), exit=True)
     if len(sys.argv) == 4 and sys.argv[1] == "one-chunked":
         print(json.dumps(one_chunked(int(sys.argv[2]), int(sys.argv[3]))), flush=True)
         return

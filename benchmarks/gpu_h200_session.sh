@@ -10,17 +10,19 @@ STAGE=$1
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 MLIPDD_BENCH_STALL_S=${MLIPDD_BENCH_STALL_S:-400}
 mkdir -p /tmp/big /tmp/site "$OUT"
 for d in .whl_*; do [ -d "$d" ] && cp "$d"/* /tmp/big/; done
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site /tmp/big/*.whl > "$OUT/pip.txt" 2>&1 || tail -5 "$OUT/pip.txt"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site /tmp/big/*.whl > /tmp/pip.txt 2>&1 || tail -5 /tmp/pip.txt
 export PYTHONPATH=/tmp/site:$PWD/core:$PWD/plugins/mace:$PWD/plugins/aimnet2:$PWD/plugins/ewald_pme:$PWD/plugins/uma:$PWD/benchmarks
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 machine="nvidia-h200 device machine (one $gpu), torch $(python3 -c 'import torch; print(torch.__version__)'), $(date -u +%Y-%m-%d)"
 T() { local limit=$1; shift; echo "== $(date -u +%T) $*"; timeout "$limit" "$@"; echo "== rc $? $(date -u +%T)"; }
 case $STAGE in
 tests)
-    T 330 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_cuda_graph.py \
+    # pass/fail only, so the two run side by side (16 cores, one GPU)
+    T 120 python3 -m pytest -q -p no:cacheprovider tests/test_compile.py -k cuda > "$OUT/compile_tests.txt" 2>&1 &
+    T 250 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_cuda_graph.py \
         plugins/mace/tests/test_cuda_graph_mace.py tests/test_lj.py::test_cuda_equals_ase \
         tests/test_neighbors.py::test_cuda_list_equals_brute_force 2>&1 | tee "$OUT/cuda_tests.txt" | tail -40
-    T 200 python3 -m pytest -q -p no:cacheprovider tests/test_compile.py -k cuda 2>&1 | tee "$OUT/compile_tests.txt" | tail -15
+    wait; tail -15 "$OUT/compile_tests.txt"
     ;;
 cueq)
     python3 -c "import cuequivariance_ops_torch, cuequivariance_torch; print('cueq ok')"
@@ -37,7 +39,11 @@ compile)
     export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_cache
     T 250 python3 benchmarks/compile_gpu.py --cueq --sizes 4096 --steps 100 --repeats 10 --machine "$machine" \
         --name compile_gpu_cueq_4096_h200 2>&1 | tail -12
-    T 200 python3 benchmarks/compile_gpu.py --sizes 4096 --steps 100 --repeats 10 --machine "$machine" \
+    cp benchmarks/results/compile_gpu_*_h200.* "$OUT/" 2>/dev/null
+    ;;
+compile_e3nn)
+    export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_cache
+    T 250 python3 benchmarks/compile_gpu.py --sizes 4096 --steps 100 --repeats 10 --machine "$machine" \
         --name compile_gpu_e3nn_4096_h200 2>&1 | tail -12
     cp benchmarks/results/compile_gpu_*_h200.* "$OUT/" 2>/dev/null
     ;;

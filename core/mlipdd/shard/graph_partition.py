@@ -105,11 +105,18 @@ class NodePartition:
 
 
 class PartitionScope:
-    """The active partition plus whether the model asked for it (see `partition_scope`)."""
+    """The active partition plus whether the model asked for it (see `partition_scope`).
 
-    def __init__(self, partition: NodePartition):
+    ``ctx``: under the aten dispatch, the forward's `mlipdd.shard.aten.HaloContext`; the
+    helpers then hand out aten ShardTensors (NOTE [aten graph partition] in
+    `mlipdd.shard.aten.graph_partition`), and ``after_graph`` holds what they enter once
+    the model's graph is built (the factory mode), closed with the scope."""
+
+    def __init__(self, partition: NodePartition, ctx=None):
         self.partition = partition
         self.used = False
+        self.ctx = ctx
+        self.after_graph = contextlib.ExitStack()
 
 
 _ACTIVE: ContextVar[PartitionScope | None] = ContextVar("mlipdd_node_partition", default=None)
@@ -143,6 +150,18 @@ def current_partition() -> NodePartition | None:
     return scope.partition
 
 
+def _aten_ctx():
+    """The aten dispatch's context of the active partition (None: plain tensors)."""
+    scope = None if torch.compiler.is_compiling() else _ACTIVE.get()
+    return None if scope is None else scope.ctx
+
+
+def _aten():
+    from mlipdd.shard.aten import graph_partition as aten_gp
+
+    return aten_gp
+
+
 # ---- identity-when-inactive helpers ----------------------------------------------------
 
 
@@ -153,6 +172,13 @@ def owned_slice(n_nodes: int | None = None) -> slice:
         return slice(0, n_nodes)
     if n_nodes is not None and n_nodes != p.n_nodes:
         raise _rows_error("owned_slice", n_nodes, p)
+    if _aten_ctx() is not None:
+        from mlipdd.shard.aten import AtenRefusal
+
+        raise AtenRefusal(
+            "mlipdd aten dispatch refuses `owned_slice` under graph partition: a slice by this rank's row "
+            "numbers gives a plain tensor that differs between ranks, which no later op can tell from a "
+            "replicated one. Fix: owned_rows(x) (rows the dispatch tracks)")
     return p.owned_slice
 
 
@@ -163,6 +189,9 @@ def owned_rows(x: torch.Tensor) -> torch.Tensor:
         return x
     if x.shape[0] != p.n_nodes:
         raise _rows_error("owned_rows", x.shape[0], p)
+    ctx = _aten_ctx()
+    if ctx is not None:
+        return _aten().owned_rows(p, ctx, x)
     return x[p.start : p.stop]
 
 
@@ -176,6 +205,13 @@ def keep_owned_receivers(edge_index: torch.Tensor, *edge_values: torch.Tensor):
     p = current_partition()
     if p is None:
         return (edge_index, *edge_values)
+    ctx = _aten_ctx()
+    if ctx is not None:
+        from mlipdd.shard.aten.factories import factory_rows
+
+        kept = _aten().keep_owned_receivers(p, ctx, edge_index, edge_values)
+        _ACTIVE.get().after_graph.enter_context(factory_rows(ctx))  # NOTE [aten factories], once the graph is built
+        return kept
     mask = p.owns(edge_index[1])
     return (edge_index[:, mask], *(v[mask] for v in edge_values))
 
@@ -183,6 +219,8 @@ def keep_owned_receivers(edge_index: torch.Tensor, *edge_values: torch.Tensor):
 def local_receivers(receivers: torch.Tensor) -> torch.Tensor:
     """Global receiver rows -> rows of the owned block (the scatter target)."""
     p = current_partition()
+    if p is not None and _aten_ctx() is not None:
+        return _aten().local_receivers(p, receivers)
     return receivers if p is None or p.start == 0 else receivers - p.start
 
 
@@ -193,6 +231,8 @@ def gather_nodes(x_owned: torch.Tensor) -> torch.Tensor:
         return x_owned
     if x_owned.shape[0] != p.n_owned:
         raise _rows_error("gather_nodes", x_owned.shape[0], p, owned=True)
+    if _aten_ctx() is not None:
+        return _aten().gather_nodes(p, x_owned)
     if p.world_size == 1:
         return x_owned
     return traced.traced_gather(x_owned, p) if torch.compiler.is_compiling() else _GatherNodes.apply(x_owned, p)
@@ -205,6 +245,9 @@ def scatter_to_owners(x_full: torch.Tensor) -> torch.Tensor:
         return x_full
     if x_full.shape[0] != p.n_nodes:
         raise _rows_error("scatter_to_owners", x_full.shape[0], p)
+    ctx = _aten_ctx()
+    if ctx is not None:  # the rules completed the sum over ranks where it was made: the owned block of it
+        return _aten().owned_rows(p, ctx, x_full, "scatter_to_owners")
     if p.world_size == 1:
         return x_full
     if torch.compiler.is_compiling():
@@ -216,6 +259,8 @@ def sum_over_ranks(partial: torch.Tensor) -> torch.Tensor:
     """A per-rank partial (e.g. per-system energy of the owned atoms) summed over ranks,
     replicated; identity backward (each rank's partial enters the total once)."""
     p = current_partition()
+    if p is not None and _aten_ctx() is not None:
+        return _aten().sum_over_ranks(partial)
     if p is None or p.world_size == 1:
         return partial
     return traced.traced_sum(partial) if torch.compiler.is_compiling() else all_reduce_sum(partial, p.group)

@@ -128,14 +128,17 @@ def strategy_for_dispatch(strategy_cls: type, config, world_size: int | None = N
         return strategy_cls
     from mlipdd.data import InputError
     from mlipdd.strategy.aten_sharded import AtenShardedStrategy
+    from mlipdd.strategy.graph_partition import GraphPartitionStrategy
+    from mlipdd.strategy.graph_partition.aten import AtenGraphPartitionStrategy
     from mlipdd.strategy.sharded import ShardedStrategy
 
-    aten_cls = {HaloStrategy: AtenHaloStrategy, ShardedStrategy: AtenShardedStrategy}.get(strategy_cls)
+    aten_cls = {HaloStrategy: AtenHaloStrategy, ShardedStrategy: AtenShardedStrategy,
+                GraphPartitionStrategy: AtenGraphPartitionStrategy}.get(strategy_cls)
     if aten_cls is None:
         raise InputError(
-            f"the aten dispatch (DomainConfig(dispatch='aten') / MLIPDD_DISPATCH=aten) runs halo and sharded storage "
-            f"so far, not {getattr(strategy_cls, 'name', strategy_cls)!r}: use strategy='halo' or 'sharded', or the "
-            "default dispatch"
+            f"the aten dispatch (DomainConfig(dispatch='aten') / MLIPDD_DISPATCH=aten) runs halo, sharded and graph "
+            f"partition so far, not {getattr(strategy_cls, 'name', strategy_cls)!r}: use strategy='halo', 'sharded' "
+            "or 'graph_partition', or the default dispatch"
         )
     if world_size != 1 and (getattr(config, "compile", False) or getattr(config, "cuda_graph", False)):
         # one rank compiles / graphs the plain model (NOTE [aten at one rank]); several not yet

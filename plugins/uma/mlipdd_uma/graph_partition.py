@@ -23,6 +23,8 @@ mix UMA with other models) and must see each output exactly once.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from mlipdd.shard.graph_partition import (
     current_partition,
@@ -89,6 +91,15 @@ def gp_balance_channels(original, emb, target, natoms, batch, start_idx, end_idx
     return out
 
 
+def gp_wigner(original, edge_distance_vecs, *args, gamma=None, **kwargs):
+    """`axis_angle_wigner_hybrid` with fairchem's random roll angle per edge drawn like the
+    edges (``rand_like``), not from their count (``torch.rand(n_edges)``): the same draw, but
+    the aten dispatch sees one number per edge row (a plain tensor per row is refused)."""
+    if gamma is None and current_partition() is not None:
+        gamma = torch.rand_like(edge_distance_vecs[:, 0]) * (2 * math.pi)
+    return original(edge_distance_vecs, *args, gamma=gamma, **kwargs)
+
+
 ESCN_MD = "fairchem.core.models.uma.escn_md"
 
 
@@ -106,6 +117,7 @@ def graph_partition_helpers() -> tuple:
         PythonAdapter(ESCN_MD, "compute_energy", f"{here}:gp_compute_energy", pass_original=True),
         PythonAdapter(ESCN_MD, "balance_channels_batched", f"{here}:gp_balance_channels",
                       pass_original=True),
+        PythonAdapter(ESCN_MD, "axis_angle_wigner_hybrid", f"{here}:gp_wigner", pass_original=True),
     )
 
 

@@ -355,12 +355,35 @@ def index_add(func, args, kwargs):
         return t.index_add_(dim, i, s, alpha=alpha) if inplace else torch.ops.aten.index_add(t, dim, i, s, alpha=alpha)
 
     sp = rows_of(src)
+    if sp is not None and sp.dim != dim and rows_of(idx) is None:
+        return _index_add_within_rows(func, args, kwargs, target, src, op, dim, idx)
     if sp is not None and sp.dim != dim:
         refuse(func, args, kwargs, "the scattered values' rows are not along the scatter dimension")
     try:
         return _scatter(func, args, kwargs, target, dim, idx, src, op)
     except _SizeMismatch as exc:
         refuse(func, args, kwargs, str(exc))
+
+
+def _index_add_within_rows(func, args, kwargs, target, src, op, dim, idx):
+    """An index_add along another dim than the rows, by a plain index (the gradient of
+    ``x[:, [0, 2]]``): each row on its own, linear (shares into a zero target stay shares)."""
+    sp, tp = rows_of(src), rows_of(target)
+    if tp is None and not uniform_along(target, sp.dim):
+        refuse(func, args, kwargs, "it adds rows into a plain tensor with its own value per row")
+    if tp is not None and (tp.dim != sp.dim or tp.group != sp.group or tp.is_atoms() != sp.is_atoms()):
+        refuse(func, args, kwargs, "it adds rows into a tensor of other rows")
+    kinds = {sp.kind} if tp is None else {sp.kind, tp.kind}
+    if len(kinds) == 1:
+        kind, base, values = sp.kind, unwrap(target), src._local
+    else:  # mixed atom kinds: both as complete owned rows
+        kind = "atoms-owned"
+        base = as_owned(target)
+        values = as_owned(src)
+    if is_inplace(func) and isinstance(target, ShardTensor) and base is not target._local:
+        target._local.copy_(base)
+        base = target._local
+    return finish(func, args, op(base, unwrap(idx), values), Rows(sp.dim, kind, sp.group), src._ctx)
 
 
 @rule(aten.scatter_add.default, aten.scatter_add_.default, aten.scatter_reduce.two, aten.scatter_reduce_.two)

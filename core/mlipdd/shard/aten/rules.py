@@ -521,6 +521,16 @@ def like(func, args, kwargs):
     return finish(func, args, run_local(func, args, kwargs), Rows(p.dim, kind, p.group), args[0]._ctx)
 
 
+@rule(aten.rand_like.default, aten.randn_like.default)
+def random_like(func, args, kwargs):
+    """A draw per row, as one process draws one per row (UMA's random roll angle per edge):
+    edges stay edges; atom rows are right on the owned rows (a ghost draws its own number,
+    so a read by ghosts copies the owner's first)."""
+    p = args[0]._place
+    kind = OWNED if p.is_atoms() else p.kind
+    return finish(func, args, run_local(func, args, kwargs), Rows(p.dim, kind, p.group), args[0]._ctx)
+
+
 @rule(aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default, aten.new_full.default,
       aten.new_empty_strided.default)
 def new_factory(func, args, kwargs):
@@ -538,9 +548,39 @@ def copy_(func, args, kwargs):
     if rows_of(dst) and not rows_of(src) and not uniform_along(src, dst._place.dim):
         refuse(func, args, kwargs, "it copies per-row values of a plain tensor into distributed rows")
     place = src._place if rows_of(src) else dst._place
+    if rows_of(src) and isinstance(dst._base, ShardTensor):
+        place = _rows_into_base(func, args, kwargs, dst._base, dst, place)
+        if place.kind != src._place.kind:  # shares written into complete rows: their sums
+            args = (dst, ShardTensor(as_owned(src), place, src._ctx, src._origin), *args[2:])
     run_local(func, args, kwargs)
     dst._place = place
     return dst
+
+
+def _rows_into_base(func, args, kwargs, base: ShardTensor, view: ShardTensor, place: Rows) -> None:
+    """``x[:, 0] = rows`` writes rows into a view: the view's base holds them too (UMA's
+    ``torch.zeros(n, L, C)`` filled at l = 0). Its row dim is the one of the view's row
+    size and stride; the rest of a replicated base must be equal along it (zeros), and a
+    base of atom rows keeps one kind (mixed kinds: owned rows, shares summed first).
+    Returns the placement the written view takes."""
+    bp = rows_of(base)
+    n, stride = view.shape[place.dim], view.stride(place.dim)
+    dims = [d for d in range(base.dim()) if base.shape[d] == n and base.stride(d) == stride]
+    if bp is not None and bp.dim in dims:
+        dims = [bp.dim]
+    if len(dims) != 1 or (bp is None and not uniform_along(base, dims[0])) or (bp is not None and (
+            bp.is_atoms() != place.is_atoms() or bp.group != 1)):
+        refuse(func, args, kwargs, "it writes rows into part of a tensor that holds other values along them "
+               "(per-row values of a plain tensor, rows of another kind, or rows along another dimension)",
+               "build the whole tensor from the rows (torch.cat / torch.stack of rows), or write into "
+               "torch.zeros_like of them")
+    if bp is None or bp.kind == place.kind:
+        base._place = Rows(dims[0], place.kind, 1)
+        return place
+    if bp.kind == SHARES:  # the base's shares summed into their owners, in place (the same values)
+        base._local.copy_(as_owned(base))
+    base._place = bp.as_kind(OWNED).plain_values()
+    return place.as_kind(OWNED)
 
 
 @rule(aten._local_scalar_dense.default, aten.equal.default, aten.is_same_size.default, aten.nonzero.default,

@@ -36,8 +36,16 @@ import torch
 from mlipdd.shard.aten.placement import EDGES, OWNED, REPLICATE, Rows
 from mlipdd.shard.aten.tensor import AtenRefusal, HaloContext, ShardTensor, unwrap
 
-__all__ = ["gather_nodes", "keep_owned_receivers", "local_receivers", "owned_rows", "set_edge_count",
+__all__ = ["PartitionContext", "gather_nodes", "keep_owned_receivers", "local_receivers", "owned_rows", "set_edge_count",
            "sum_over_ranks"]
+
+
+class PartitionContext(HaloContext):
+    """The `HaloContext` of a graph-partition forward (the owned block, no ghost rows:
+    ``plan=comm.OwnedRowsOnly(n_owned)``), with the fix its refusals name."""
+
+    read_fix = ("read the full node set by node numbers (gather_nodes(h)[sender]) and the owned block by "
+                "local_receivers(receiver)")
 
 
 def _plain_replicated(x, what: str) -> torch.Tensor:

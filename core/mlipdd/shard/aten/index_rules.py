@@ -121,7 +121,7 @@ def _read(func, args, kwargs, x, dim, idx, op):
     if xp.dim == dim:
         _check_index(func, args, kwargs, idx if ip else None)
         refuse(func, args, kwargs, "the index's values are not atom rows (only an index built from the edge "
-               "index names rows)", "read rows through the neighbour list's edge index")
+               "index names rows)", getattr(x._ctx, "read_fix", "read rows through the neighbour list's edge index"))
     if ip is not None:
         refuse(func, args, kwargs, "a distributed index into a dimension other than the rows")
     local = as_owned(x) if xp.kind == SHARES else x._local

@@ -19,9 +19,10 @@ import torch
 
 from mlipdd.comm import agree_on_errors
 from mlipdd.data import Batch
-from mlipdd.shard.aten import HaloContext, Rows, ShardTensor
+from mlipdd.shard.aten import Rows, ShardTensor
 from mlipdd.shard.aten.adapters import AdaptedOps
 from mlipdd.shard.aten.comm import OwnedRowsOnly
+from mlipdd.shard.aten.graph_partition import PartitionContext
 from mlipdd.shard.graph_partition import PartitionScope, gather_rows, partition_scope
 from mlipdd.spec import OutputKind
 from mlipdd.strategy.graph_partition.strategy import GraphPartitionStrategy, _unaware_model_error
@@ -48,7 +49,7 @@ class AtenGraphPartitionStrategy(GraphPartitionStrategy):
         full = Batch._from_dicts(node, dict(batch.system))
         if self._plain():
             return full, None
-        ctx = HaloContext(plan=OwnedRowsOnly(p.n_owned), n_edges=0, group=self.group)
+        ctx = PartitionContext(plan=OwnedRowsOnly(p.n_owned), n_edges=0, group=self.group)
         return full, PartitionScope(p, ctx)
 
     @contextlib.contextmanager

@@ -4,7 +4,11 @@
 # (named in the call's carry); each stage copies what it carries to /tmp/big and installs it.
 #   bash benchmarks/gpu_h200_session.sh tests     # CUDA tests of the suite (e3nn; no cuEq kernels yet)
 #   bash benchmarks/gpu_h200_session.sh cueq      # 1M chunked fused cuEq vs bare 64k; one-rank overhead; profiles
-#   bash benchmarks/gpu_h200_session.sh compile   # 128k chunked profile; compiled/eager/graphed cuEq + e3nn at 4k
+#   bash benchmarks/gpu_h200_session.sh compile   # 128k chunked profile; compiled/eager/graphed cuEq at 4k
+#   bash benchmarks/gpu_h200_session.sh compile_e3nn  # the same for e3nn
+#   bash benchmarks/gpu_h200_session.sh d3        # D3 at 10k/100k (benchmarks/d3_memory.py; no Warp needed)
+#   bash benchmarks/gpu_h200_session.sh d3_1M     # D3 at 1M
+#   bash benchmarks/gpu_h200_session.sh longrange # PME 1M: 1 process, distributed mesh 1/2 gloo ranks, torch-pme; AIMNet2
 set -x
 STAGE=$1
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 MLIPDD_BENCH_STALL_S=${MLIPDD_BENCH_STALL_S:-400}
@@ -46,6 +50,24 @@ compile_e3nn)
     T 250 python3 benchmarks/compile_gpu.py --sizes 4096 --steps 100 --repeats 10 --machine "$machine" \
         --name compile_gpu_e3nn_4096_h200 2>&1 | tail -12
     cp benchmarks/results/compile_gpu_*_h200.* "$OUT/" 2>/dev/null
+    ;;
+d3)  # batch 2, call 1 of 3 (warp part 1 travels): h4's D3 chunking, 10k and 100k atoms (no Warp needed)
+    T 300 python3 benchmarks/d3_memory.py --device cuda --reps 11,23 --chunks 0,524288 --dtype float32 \
+        --out "$OUT" --name d3_memory_h200_small 2>&1 | tail -8
+    ;;
+d3_1M)  # call 2 of 3 (warp part 2): D3 at 1M atoms, chunked, then all edges at once (out of memory before)
+    T 400 python3 benchmarks/d3_memory.py --device cuda --reps 50 --chunks 524288,0 --dtype float32 \
+        --out "$OUT" --name d3_memory_h200_1M 2>&1 | tail -8
+    ;;
+longrange)  # call 3 of 3 (warp part 3): the warp wheel whole again, then PME at 1M and AIMNet2
+    cat /tmp/big/warp.part_* > /tmp/big/warp_lang-1.19.0-py3-none-manylinux_2_28_x86_64.whl
+    (cd /tmp/big && sha256sum -c warp.sha256)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/big/warp_lang-*.whl
+    python3 -c "import warp; warp.init(); print('warp cuda devices', warp.get_cuda_device_count())"
+    T 330 python3 benchmarks/pme_gpu.py --sizes 1000000 --rows pme,pme_dist_1,pme_dist_2,torchpme \
+        --row-timeout 120 --machine "$machine" --name pme_gpu_1M_h200 --out-dir "$OUT" 2>&1 | tail -8
+    T 200 python3 benchmarks/aimnet2_vs_calculator.py --device cuda --sizes 300,1000,3000,10000 --repeats 3 \
+        --label "$machine." --name aimnet2_vs_calculator_h200 --out "$OUT" 2>&1 | tail -22
     ;;
 esac
 ls -l "$OUT"

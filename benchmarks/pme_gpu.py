@@ -1,0 +1,196 @@
+"""PME (distributed mesh, gloo ranks sharing the GPU) and torch-pme on one GPU, up to 1M atoms
+(issue 26 items 5, 7; D3 on the GPU: benchmarks/d3_memory.py).
+
+    python benchmarks/pme_gpu.py --sizes 10000,100000,1000000 --rows pme,pme_dist_1,pme_dist_2,torchpme
+
+Rows (each in its own process, so an out-of-memory or a stall stops only that row):
+
+* ``pme_dist_N``: `DistributedModel(PMEWrapper(mesh="distributed"))` with N gloo ranks sharing
+  the GPU (the slowest rank's seconds, the largest rank's peak); ``pme_repl_N`` the same with
+  the whole mesh on every rank (``mesh="replicated"``, torch splines);
+* ``pme``: `PMEWrapper` at one process (no DistributedModel), list prebuilt;
+* ``torchpme``: torch-pme's `PMECalculator` at the same splitting and mesh spacing,
+  4-point Lagrange interpolation, a precomputed half list, one process.
+
+Rattled rock salt (Na+/Cl-, tilted cell), float32 on CUDA, energy + forces per call (median of
+3 after a warm-up, synchronised). PME: the splitting of an 8 A cutoff at accuracy 1e-4 (the
+mesh from the error estimate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+_HERE = pathlib.Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != _HERE] + [str(_HERE)]
+
+import torch
+from _common import RESULTS, write_results
+
+CUTOFF, ACCURACY = 8.0, 1e-4
+DEVICE = os.environ.get("LONG_RANGE_DEVICE", "cuda")  # the spawned ranks read it too; --device sets it
+
+
+def _system(n_atoms):
+    from mlipdd_ewald_pme.testing import rock_salt
+
+    cells = max(1, round((n_atoms / 8) ** (1 / 3)))
+    return rock_salt((cells, cells, cells), rattle=0.1, seed=0).to(dtype=torch.float32)
+
+
+def _sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def _peak():
+    return torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else None
+
+
+def _timed(call):
+    call()
+    times = []
+    for _ in range(3):
+        _sync()
+        start = time.perf_counter()
+        out = call()
+        _sync()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[1], out
+
+
+def _pme(mesh="replicated"):
+    from mlipdd_ewald_pme.wrappers import PMEWrapper
+
+    return PMEWrapper(cutoff=CUTOFF, accuracy=ACCURACY, mesh=mesh)
+
+
+def one_process(kind, n):
+    from mlipdd.neighbors import attach_neighbors
+
+    batch = _system(n).to(DEVICE)
+    if kind == "pme":
+        model = _pme()
+        attach_neighbors(batch, CUTOFF)
+        seconds, out = _timed(lambda: model(batch))
+        return {"seconds": seconds, "peak_GiB": _peak(), "energy": float(out["energy"].sum()),
+                "mesh": "x".join(map(str, model.mesh_dimensions(batch.cell)[0]))}
+    if kind == "torchpme":
+        return _torchpme(batch)
+    raise ValueError(kind)
+
+
+def _torchpme(batch):
+    import torchpme
+    from torchpme.prefactors import eV_A
+    from vesin_torch import NeighborList
+
+    model = _pme()
+    cell = batch.cell[0]
+    pairs, shifts = NeighborList(cutoff=CUTOFF, full_list=False).compute(
+        points=batch.positions, box=cell, periodic=True, quantities="PS")
+    spacing = max(float(cell.norm(dim=1).max()) / d for d in model.mesh_dimensions(batch.cell)[0])
+    potential = torchpme.CoulombPotential(smearing=1.0 / (math.sqrt(2.0) * model.alpha)).to(DEVICE)
+    calc = torchpme.PMECalculator(potential, mesh_spacing=spacing, interpolation_nodes=4).to(DEVICE)
+    q = batch.charges.unsqueeze(1)
+
+    def step():
+        positions = batch.positions.detach().requires_grad_(True)
+        d = (positions[pairs[:, 1]] + shifts.to(positions.dtype) @ cell - positions[pairs[:, 0]]).norm(dim=1)
+        energy = eV_A * (q * calc(q, cell, positions, pairs, d)).sum()
+        torch.autograd.grad(energy, positions)
+        return energy
+
+    seconds, energy = _timed(step)
+    return {"seconds": seconds, "peak_GiB": _peak(), "energy": float(energy)}
+
+
+def _rank(rank, world_size, batch, mesh):
+    from mlipdd.distributed import DistributedModel, DomainConfig
+
+    model = _pme(mesh)
+    dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=0.0))
+    owned = dm.partition(batch.to(DEVICE) if rank == 0 else None)
+    dm(owned)  # builds the halo
+    times = []
+    for _ in range(3):
+        torch.distributed.barrier()
+        _sync()
+        start = time.perf_counter()
+        out = dm(owned)
+        _sync()
+        times.append(time.perf_counter() - start)
+    return {"seconds": sorted(times)[1], "peak_GiB": _peak(), "energy": float(out["energy"][0]),
+            "mesh": "x".join(map(str, model.mesh_dimensions(owned.cell)[0]))}
+
+
+def distributed(kind, n, timeout):
+    from mlipdd.testing import run_ranks
+
+    mesh, ranks = ("distributed" if kind.startswith("pme_dist") else "replicated"), int(kind.rsplit("_", 1)[1])
+    results = run_ranks(_rank, ranks, _system(n), mesh, timeout=timeout)
+    return {"seconds": max(r["seconds"] for r in results), "peak_GiB": max(r["peak_GiB"] or 0 for r in results),
+            "energy": results[0]["energy"], "mesh": results[0]["mesh"]}
+
+
+LABELS = {"pme": "PME (PMEWrapper default spline)", "torchpme": "torch-pme PME"}
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "one":
+        _, _, kind, n, timeout = sys.argv
+        faulthandler.dump_traceback_later(float(timeout) + 30, exit=True)  # a stall prints its stack
+        row = distributed(kind, int(n), float(timeout)) if kind.startswith("pme_") else one_process(kind, int(n))
+        print(json.dumps(row), flush=True)
+        return
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="10000,100000,1000000")
+    p.add_argument("--rows", default="pme,pme_dist_1,pme_dist_2,torchpme")
+    p.add_argument("--row-timeout", type=float, default=150.0)
+    p.add_argument("--device", default="cuda", help="cpu: a smoke run of this script")
+    p.add_argument("--machine", default="")
+    p.add_argument("--name", default="pme_gpu")
+    p.add_argument("--out-dir", type=pathlib.Path, default=RESULTS)
+    args = p.parse_args()
+    os.environ["LONG_RANGE_DEVICE"] = args.device
+    rows = []
+    for n in (int(s) for s in args.sizes.split(",")):
+        for kind in args.rows.split(","):
+            cmd = [sys.executable, __file__, "one", kind, str(n), str(args.row_timeout)]
+            start = time.perf_counter()
+            try:
+                proc = subprocess.run(cmd, check=False, capture_output=True, text=True,
+                                      timeout=args.row_timeout + 60)
+                lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+                row = json.loads(lines[-1]) if lines else {
+                    "status": "out of memory" if "OutOfMemoryError" in proc.stderr else proc.stderr.strip()[-300:]}
+            except subprocess.TimeoutExpired as stalled:
+                row = {"status": f"no result in {args.row_timeout + 60:.0f} s: {str(stalled.stderr or '')[-300:]}"}
+            ranks = kind.rsplit("_", 1)[1] if kind.startswith("pme_") else "1 process"
+            label = LABELS.get(kind) or f"PME {'distributed' if 'dist' in kind else 'replicated'} mesh"
+            row = {"atoms": _system_atoms(n), "model": label, "how": ranks if ranks == "1 process" else
+                   f"DistributedModel, {ranks} gloo rank(s)", **row, "wall_s": time.perf_counter() - start}
+            row.setdefault("status", "ok")
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    notes = f"{args.machine}\n\n" + __doc__.split("\n\n", 2)[2]
+    print(write_results(args.name, "PME (distributed mesh) and torch-pme on one GPU", rows,
+                        ["atoms", "model", "how", "mesh", "seconds", "peak_GiB", "energy", "status", "wall_s"],
+                        notes=notes, out_dir=args.out_dir))
+
+
+def _system_atoms(n):
+    cells = max(1, round((n / 8) ** (1 / 3)))
+    return 8 * cells**3  # before vacancies (rock_salt removes none by default)
+
+
+if __name__ == "__main__":
+    main()

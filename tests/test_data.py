@@ -112,3 +112,21 @@ def test_overlap_test_on_host_geometry_names_the_atoms():
     assert host.positions.device.type == "cpu" and host.num_systems == 2
     with pytest.raises(InputError, match=rf"atoms {a} and {b} \(a periodic image\) overlap|atoms {b} and {a} \(a periodic image\) overlap"):
         check_no_overlaps(host)
+
+
+def test_overlap_test_cuts_its_search_list_to_the_overlap_distance():
+    """The list is searched wider than the overlap distance (NOTE [overlap search radius] in
+    mlipdd.data): bonds inside that radius are no overlap, and only the real overlaps are
+    named and counted, in a slab with vacuum (the case the wide search is for)."""
+    from mlipdd.data import OVERLAP_DISTANCE, OVERLAP_SEARCH_RADIUS, check_no_overlaps
+
+    water = molecule("H2O")  # O-H 0.97 A: inside the search radius, far from an overlap
+    water.cell, water.pbc = [8.0, 8.0, 20.0], (True, True, False)
+    water.center()
+    bonds = float(np.linalg.norm(water.positions[0] - water.positions[1]))
+    assert OVERLAP_DISTANCE < bonds < OVERLAP_SEARCH_RADIUS
+    check_no_overlaps(Batch.from_ase(water))
+    doubled = water + water[1:]  # both hydrogens placed twice, 0.005 A off
+    doubled.positions[3:] += 0.005
+    with pytest.raises(InputError, match=r"atoms 1 and 3 overlap: 0.00866 A apart.*; 2 such pairs in all"):
+        check_no_overlaps(Batch.from_ase(doubled))

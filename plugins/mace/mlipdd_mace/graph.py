@@ -89,9 +89,15 @@ def cartesian_shifts(
 ) -> torch.Tensor:
     """Cartesian image shifts ``n @ cell`` of each edge's own system.
 
-    Written like mace's strained-cell route so both give bit-identical vectors.
+    One system (an MD run) takes one (E, 3) x (3, 3) product: the per-edge form below gathers
+    a 3x3 cell per edge and runs as E/65535 batched matrix-vector launches on CUDA (3.9 ms of
+    a 134 ms medium-MACE call at 64k atoms on an H200). Several systems: mace's strained-cell
+    form, per edge.
     """
-    return torch.einsum("be,bec->bc", unit_shifts, cell.view(-1, 3, 3)[system_of_edge])
+    cells = cell.view(-1, 3, 3)
+    if cells.shape[0] == 1:
+        return unit_shifts @ cells[0]
+    return torch.einsum("be,bec->bc", unit_shifts, cells[system_of_edge])
 
 
 # A list trimmed to the cutoff by the core (one rank, `DistributedModel`) says it reaches

@@ -74,7 +74,7 @@ class CompiledPartitionCall:
         return torch._dynamo.lookup_backend(self.backend)(gm, example_inputs)
 
     def __call__(self, model_batch, meta, compute_stress: bool, eager_call, installing=contextlib.nullcontext) -> dict:
-        scope = meta.notes["scope"]
+        scope = getattr(meta, "notes", {}).get("scope", meta)  # the aten strategy's meta is the scope itself
         compute_stress = bool(compute_stress)
         graphs_before, start = self.graphs, time.perf_counter()
         with contextlib.ExitStack() as stack:

@@ -7,8 +7,8 @@ partition] in `mlipdd.shard.aten.graph_partition`), so every op on the owned blo
 on the kept edges goes through the aten rules: exact or refused by name. Consolidation
 goes by placement: atom rows are the owned block; a replicated value is complete (its
 gradient rules summed over ranks), and a per-atom one of the full node set is cut to
-the owned block. One rank hands the plain full batch with no partition (NOTE [aten at
-one rank] in `mlipdd.strategy.aten_halo`).
+the owned block. One rank hands the plain full batch, its partition one block (NOTE
+[aten at one rank] in `mlipdd.strategy.aten_halo`): the helpers are the identity there.
 """
 
 from __future__ import annotations
@@ -40,32 +40,27 @@ class AtenGraphPartitionStrategy(GraphPartitionStrategy):
         super().use_spec(spec)
         self._adapted = bool(spec.distribution.custom_ops)
 
-    def model_batch(self, batch: Batch, spec) -> tuple[Batch, PartitionScope | None]:
+    def model_batch(self, batch: Batch, spec) -> tuple[Batch, PartitionScope]:
         """The full geometry (gathered positions, current cell), plain; the partition scope."""
         state = self.state
         p = state.partition
         node = dict(state.static_node)
         node["positions"] = gather_rows(batch.positions.detach(), p)
         full = Batch._from_dicts(node, dict(batch.system))
-        if self._plain():
-            return full, None
+        if self._plain():  # one block of every row: the helpers' plain forms are the identity
+            return full, PartitionScope(p)
         ctx = PartitionContext(plan=OwnedRowsOnly(p.n_owned), n_edges=0, group=self.group)
         return full, PartitionScope(p, ctx)
 
     @contextlib.contextmanager
-    def model_scope(self, scope: PartitionScope | None):
+    def model_scope(self, scope: PartitionScope):
         """The partition for the helpers; the spec's OpAdapters (NOTE [aten op adapters])."""
-        if scope is None:
-            yield
-            return
         with partition_scope(scope), scope.after_graph, contextlib.ExitStack() as adapters:
-            if self._adapted:
+            if self._adapted and scope.ctx is not None:
                 adapters.enter_context(AdaptedOps(scope.ctx))
             yield
 
-    def consolidate(self, outputs: dict, scope: PartitionScope | None, spec, autograd_outputs) -> dict:
-        if scope is None:
-            return {k: v.detach() if torch.is_tensor(v) else v for k, v in outputs.items()}
+    def consolidate(self, outputs: dict, scope: PartitionScope, spec, autograd_outputs) -> dict:
         agree_on_errors(None if scope.used else _unaware_model_error(), self.group)
         p = scope.partition
         result = {}

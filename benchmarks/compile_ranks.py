@@ -3,6 +3,7 @@
     python benchmarks/compile_ranks.py --ranks 2 --steps 1000
     python benchmarks/compile_ranks.py --strategy sharded --models mpnn --name compile_ranks_sharded
     python benchmarks/compile_ranks.py --strategy graph_partition --models gpmpnn --name compile_ranks_gp
+    python benchmarks/compile_ranks.py --strategy graph_partition --models uma --reps 3 --steps 300 --name compile_ranks_uma
 
 Per model, at ``--ranks`` spawned ranks on CPU (float64, ``--strategy``: halo storage by
 default; sharded storage; graph partition for a model that builds its own graph): NVE under
@@ -32,6 +33,10 @@ SKIN = 0.5
 
 
 def _model(name):
+    if name == "uma":  # tiny random eSCN-MD (float32, its dtype); graph partition at several ranks
+        from mlipdd_uma.testing import random_uma_wrapper
+
+        return random_uma_wrapper()
     if name == "gpmpnn":  # builds its own graph: graph partition
         from mlipdd.testing.graph_building_model import GraphBuildingMPNN
 
@@ -52,13 +57,13 @@ def _run(rank, world_size, name, backend, steps, reps, dt, strategy="halo"):
     from mlipdd.dynamics.velocities import initialize_velocities
     from mlipdd.lattices import lj_liquid
 
-    torch.set_default_dtype(torch.float64)
+    torch.set_default_dtype(torch.float32 if name == "uma" else torch.float64)
     model = _model(name)
     rows = []
     for mode in ("eager", backend):
         extra = {} if mode == "eager" else {"compile": True, "compile_backend": backend}
         dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=SKIN, strategy=strategy, **extra))
-        full = lj_liquid(reps, temperature=300.0, seed=3) if rank == 0 else None
+        full = lj_liquid(reps, temperature=300.0, seed=3, dtype=torch.get_default_dtype()) if rank == 0 else None
         if full is not None:
             initialize_velocities(full, 300.0, seed=1)
         with DomainParallel(NVE(dm, dt), n_steps=20) as dp:
@@ -110,12 +115,12 @@ def main(argv=None):
     columns = ["model", "strategy", "ranks", "atoms", "run", "MD steps/s", "rebuilds", "atoms moved", "compiles in timed steps",
                "compile s", "caps", "graphs", "ghost rows"]
     print(write_results(args.name, f"compile=True at {args.ranks} gloo ranks: message-passing models in NVE", rows,
-                        columns, notes=f"float64, liquid argon ({args.reps}^3 cells) at 300 K, dt {args.dt} fs, skin "
+                        columns, notes=f"float64 (uma: float32), liquid argon ({args.reps}^3 cells) at 300 K, dt {args.dt} fs, skin "
                         f"{SKIN} A, {args.strategy}; {args.steps} timed steps after 20 warm-up steps; compiles: the most "
                         "on any rank during the timed steps; ghost rows: the most on any rank at the end (the "
                         "compiled shell is layers x cutoff + skin deep; sharded: the request table of the eager "
                         "routed reads; graph partition: none, every rank holds the geometry). mpnn: ToyMPNN, 2 layers, 16 features, "
-                        "cutoff 5 A; gpmpnn: GraphBuildingMPNN (its graph built in forward), the same sizes; mace: random weights, 8 channels, max_ell 1, 2 interactions, r_max 5 A. "
+                        "cutoff 5 A; uma: random tiny eSCN-MD (mlipdd_uma.testing), float32; gpmpnn: GraphBuildingMPNN (its graph built in forward), the same sizes; mace: random weights, 8 channels, max_ell 1, 2 interactions, r_max 5 A. "
                         "2 shared cores, one thread per rank: times are noisy."))
 
 

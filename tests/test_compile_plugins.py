@@ -101,3 +101,36 @@ def test_compiled_uma_graph_partition_two_ranks_equals_eager():
     for worst, stats, collectives in run_ranks(_uma_partition_on_ranks, 2, 3, timeout=1500.0):
         assert all(value <= 1e-5 for value in worst.values()), worst
         assert collectives > 0 and stats["compiles"] <= 2, (collectives, stats)
+
+
+def _cueq_sharded_on_ranks(rank, world_size):
+    """cuEq MACE under sharded storage, compiled (the halo view of the sharded plan, NOTE
+    [sharded, compiled] in mlipdd.distributed.compiled_halo) vs the eager sharded run."""
+    from mlipdd.data import Batch
+    from mlipdd_mace.testing import SMALL_CUEQ_ARCH, cueq_mace_wrapper, small_cueq_systems
+
+    torch.set_default_dtype(torch.float64)
+    model = cueq_mace_wrapper(**SMALL_CUEQ_ARCH)
+    config = {"cutoff": model.cutoff, "skin": 0.3, "strategy": "sharded"}
+    eager = DistributedModel(model, DomainConfig(**config))
+    compiled = DistributedModel(model, DomainConfig(**config, compile=True, compile_backend="aot_eager"))
+    system = Batch.from_data_list([d for b in small_cueq_systems().values() for d in b.to_data_list()]) \
+        if rank == 0 else None
+    a_batch, b_batch = eager.partition(system), compiled.partition(system)
+    a, b = eager(a_batch, compute_stress=True), compiled(b_batch, compute_stress=True)
+    worst = {key: float((a[key] - b[key]).abs().max()) / max(float(a[key].abs().max()), 1e-300)
+             for key in ("energy", "forces", "stress", "energies") if a[key].numel()}
+    return worst, compiled.compile_stats, "cuequivariance" in model.model_config.extra["tensor_products"]
+
+
+def test_compiled_cueq_mace_sharded_two_ranks_equals_eager():
+    """cuEq MACE (cuequivariance's torch reference kernels on CPU, as plugins/mace/tests/test_cueq.py)
+    compiled under sharded storage at 2 ranks equals the eager sharded run in float64 (three
+    systems in one batch: triclinic, own images, slab; one compile)."""
+    pytest.importorskip("cuequivariance_torch")
+    from mlipdd.testing import run_ranks
+
+    for worst, stats, cueq in run_ranks(_cueq_sharded_on_ranks, 2, timeout=1800.0):
+        assert cueq, "the model did not convert to cuEquivariance"
+        assert len(worst) == 4 and all(value <= 1e-10 for value in worst.values()), worst
+        assert stats["compiles"] == 1 and stats["checks"] == 1, stats

@@ -14,9 +14,11 @@ import pytest
 import torch
 from mlipdd.data import Batch, InputError
 from mlipdd.distributed import DistributedModel, DomainConfig
-from mlipdd.models.base import ModelWrapper
+from mlipdd.distributed.compiled_sums import OWNED_ROWS, system_sum
+from mlipdd.models.base import ModelWrapper, strained
 from mlipdd.models.lj import LennardJones
 from mlipdd.testing import run_ranks
+from mlipdd.testing.qeq_model import QEqModel
 from mlipdd.testing.systems import slab, small_cell, triclinic
 
 KEYS = ("energy", "energies", "forces", "stress")
@@ -124,6 +126,70 @@ def test_compiled_mace_on_ranks_equals_eager():
     for worst, layers, stats in run_ranks(_mace_on_ranks, 2):
         assert layers == 2 and stats["compiles"] == 1, (layers, stats)
         assert set(worst) == set(KEYS) and all(value <= 1e-10 for value in worst.values()), worst
+
+
+class _SummingQEq(QEqModel):
+    """Charge equilibration (per-system sums between two layers, as AIMNet2's) with its own
+    forward, every per-system sum through `system_sum`: compiled at several ranks it runs on
+    the plain rows, its sums completed over ranks in the graph (NOTE [own forward on rows])."""
+
+    system_sums_over_ranks = True
+    message_passing_layers = 2  # layer 2 reads the charges and features that layer 1 made
+
+    def system_sum(self, values, batch):
+        return system_sum(values, batch.batch, batch.num_systems, batch.node.get(OWNED_ROWS))
+
+    def forward(self, batch, compute_stress=False):
+        positions = batch.positions
+        with torch.enable_grad():
+            if not positions.requires_grad:
+                positions = positions.detach().requires_grad_(True)
+            inputs, used, cell = [positions], positions, batch.cell
+            if compute_stress:
+                strain = torch.zeros_like(batch.cell).requires_grad_(True)
+                inputs.append(strain)
+                view = Batch._from_dicts({**batch.node, "positions": positions}, dict(batch.system))
+                used, cell = strained(view, strain)
+            energy = self.system_sum(self.atomic_energies(batch, used, cell), batch)
+            grads = torch.autograd.grad(energy.sum(), inputs)
+        out = {"energy": energy.detach(), "forces": -grads[0], "charges": self.last_charges.detach()}
+        if compute_stress:
+            out["stress"] = grads[1] / torch.linalg.det(batch.cell).abs().view(-1, 1, 1)
+        return out
+
+
+def _summing_on_ranks(rank, world_size, steps):
+    torch.set_default_dtype(torch.float64)
+    model = _SummingQEq(cutoff=4.5, features=8, species=(18, 36))
+    eager, compiled = _models(model, 4.5, storage="sharded")
+    system = awkward_systems((18, 36)) if rank == 0 else None
+    if system is not None:
+        system.system["charge"] = torch.tensor([1.0, -2.0, 0.0])
+    owned, mirror = eager.partition(system), compiled.partition(system)
+    worst: dict = {}
+    generator = torch.Generator().manual_seed(rank)
+    for _ in range(steps):
+        a, b = eager(owned, compute_stress=True), compiled(mirror, compute_stress=True)
+        _worst(worst, a, b)
+        step = 0.05 * torch.randn(owned.positions.shape, generator=generator)
+        for batch in (owned, mirror):
+            batch.node["positions"] = batch.positions + step
+    charge = torch.zeros(3).index_add(0, mirror.batch, b["charges"])
+    torch.distributed.all_reduce(charge)
+    return worst, compiled.compile_stats, charge.tolist()
+
+
+@pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
+def test_compiled_own_forward_sums_over_ranks_equals_eager(world_size):
+    """A wrapper with its own forward and per-system sums in the middle (charge equilibration)
+    under sharded storage: compiled, its sums run as functional collectives in the graph and
+    its derivatives are divided by the rank count (NOTE [replicated seed]); equal to the eager
+    sharded run to 1e-10 (energy, forces, stress) over three calls, and the charges add up to
+    each system's total on every rank count."""
+    for worst, stats, charge in run_ranks(_summing_on_ranks, world_size, 3):
+        assert {"energy", "forces", "stress"} <= set(worst) and all(v <= 1e-10 for v in worst.values()), worst
+        assert stats["compiles"] <= 2 and stats["checks"] >= 1, stats
+        assert max(abs(c - t) for c, t in zip(charge, (1.0, -2.0, 0.0))) < 1e-10, charge
 
 
 class _ForwardOnly(LennardJones):

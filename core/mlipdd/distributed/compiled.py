@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from mlipdd.data import Batch, InputError
+from mlipdd.distributed.compiled_sums import OWNED_ROWS
 from mlipdd.neighbors import NeighborList
 
 __all__ = ["Caps", "CompiledForceCall", "pad_to_caps", "unpad_outputs"]
@@ -245,6 +246,7 @@ def pad_to_caps(batch: Batch, caps: Caps, reach: float, counts: torch.Tensor | N
         "positions": lambda v: torch.cat([v.detach(), v.new_zeros(extra, *v.shape[1:])]).requires_grad_(True),
         "batch": lambda v: torch.cat([v, v.new_full((extra,), systems)]),
         "atom_ids": lambda v: torch.cat([v, -1 - torch.arange(extra, device=device, dtype=v.dtype)]),
+        OWNED_ROWS: lambda v: torch.cat([v, v.new_zeros(extra)]),  # padding atoms are nobody's
     })
     system = _padded_rows(batch.system, systems, 1, {
         "cell": lambda v: torch.cat([v.detach(), (torch.eye(3, dtype=v.dtype, device=device) * (reach + 1.0))[None]]),

@@ -1,6 +1,8 @@
-"""`CompiledHaloCall`: ``DomainConfig(compile=True)`` at several ranks under halo storage,
-for models whose energy is a sum of per-atom energies (a wrapper that implements
-``atomic_energies``: LJ, `ToyMPNN`, and MACE through its compile hook).
+"""`CompiledHaloCall`: ``DomainConfig(compile=True)`` at several ranks under halo (and
+sharded) storage, for models whose energy is a sum of per-atom energies (a wrapper that
+implements ``atomic_energies``: LJ, `ToyMPNN`, and MACE through its compile hook), and for
+wrappers whose own forward sums per system through `system_sum` (AIMNet2: NOTE [own
+forward on rows]).
 
 Why not compile the eager distributed forward: there the model's rows are ShardTensors,
 and dynamo cannot trace their dispatch (wrapping one as a graph input already runs an op
@@ -44,8 +46,20 @@ A model that reads more hops than it declares (or, undeclared, more than its own
 caught: the first call at every new set of shapes, and every call whose integer inputs
 changed, is also run on the eager distributed path and compared, on every rank, the
 decision agreed first; a difference stops every rank naming compile=False and
-``message_passing_layers``. A wrapper with its own forward and no ``atomic_energies``
-(UMA, AIMNet2 with its Coulomb term) is refused at several ranks by name.
+``message_passing_layers``. A wrapper with its own forward and neither ``atomic_energies``
+nor ``system_sums_over_ranks`` (UMA: use graph partition) is refused at several ranks by name.
+
+# NOTE [own forward on rows]
+A wrapper whose own forward sums per system only through
+`mlipdd.distributed.compiled_sums.system_sum` (it declares ``system_sums_over_ranks``:
+AIMNet2, whose charge equilibration sums each system's charges in every pass) runs that
+forward here, on the plain rows with the owned-row marker: its sums count the owned rows
+and are completed over ranks inside the graph, so its energy is the replicated total and
+its derivatives ``world_size`` times this rank's share (NOTE [replicated seed] there).
+Hops of different lengths (a 5 A network under a 15 A Coulomb sum) are declared as
+``receptive_hop_lengths``, nearest first: the shell is their sum + skin, and the receivers
+kept are those reached through all hops but the last, hop ``k`` along edges up to
+``length_k + skin`` long at the rebuild.
 
 # NOTE [sharded, compiled]
 Under sharded storage the eager forward keeps owned rows only and routes each read of a
@@ -69,6 +83,7 @@ import torch.distributed as dist
 from mlipdd.comm import agree_on_errors, any_rank, group_size
 from mlipdd.data import Batch, InputError
 from mlipdd.distributed.compiled import CompiledForceCall, differs_from_eager
+from mlipdd.distributed.compiled_sums import OWNED_ROWS, RANKS, summing_over_ranks
 from mlipdd.models.base import ModelWrapper, per_system_sum, strained
 from mlipdd.neighbors import NeighborList, build_neighbor_list
 from mlipdd.shard.tensor import local
@@ -77,7 +92,7 @@ from mlipdd.strategy.halo import HaloStrategy
 __all__ = ["CompiledHaloCall", "compiled_on_ranks", "halo_view", "is_energy_model", "receptive_hops",
            "refusal_on_ranks"]
 
-OWNED = "_mlipdd_owned"  # a float node field: 1 on owned rows, 0 on ghost rows (float: not an integer input)
+OWNED = OWNED_ROWS  # a float node field: 1 on owned rows, 0 on ghost rows (float: not an integer input)
 
 
 def is_energy_model(model) -> bool:
@@ -91,6 +106,12 @@ def has_atomic_energies(model) -> bool:
     return isinstance(model, ModelWrapper) and type(model).atomic_energies is not ModelWrapper.atomic_energies
 
 
+def sums_over_ranks(model) -> bool:
+    """Whether the wrapper's own forward runs compiled at several ranks: every per-system sum
+    in it goes through `mlipdd.distributed.compiled_sums.system_sum` (NOTE [replicated seed])."""
+    return not is_energy_model(model) and bool(getattr(model, "system_sums_over_ranks", False))
+
+
 def receptive_hops(model) -> int:
     """How many neighbour-list hops an atom's energy reads (NOTE [deep ghost shell]): the
     wrapper's ``message_passing_layers``, else 1 (a local energy model)."""
@@ -98,27 +119,40 @@ def receptive_hops(model) -> int:
     return 1 if declared is None else int(declared)
 
 
+def hop_lengths(model, cutoff: float) -> tuple[float, ...]:
+    """The hops an owned atom's energy reads, nearest first (NOTE [deep ghost shell]): the
+    wrapper's ``receptive_hop_lengths`` (A), else ``receptive_hops`` hops of ``cutoff``."""
+    declared = getattr(model, "receptive_hop_lengths", None)
+    if declared is not None:
+        return tuple(float(h) for h in declared)
+    return (float(cutoff),) * receptive_hops(model)
+
+
 def refusal_on_ranks(model, world_size: int) -> InputError | None:
     """Why ``model`` cannot be compiled at several ranks, or None."""
     name = type(model).__name__
-    if not has_atomic_energies(model):
+    if not (has_atomic_energies(model) or sums_over_ranks(model)):
         return InputError(
             f"DomainConfig(compile=True) on {world_size} ranks compiles models whose energy is a sum of "
-            f"per-atom energies (atomic_energies) on each rank's plain rows; {name} computes its energy "
-            "and forces in its own forward only, and its distributed rows are ShardTensors, whose "
-            "dispatch torch.compile cannot trace. Compile it at ONE rank, or leave compile=False with "
-            "several ranks (the eager distributed path)"
+            f"per-atom energies (atomic_energies) on each rank's plain rows, or whose own forward sums per "
+            f"system only through mlipdd.distributed.compiled_sums.system_sum (system_sums_over_ranks); "
+            f"{name} computes its energy and forces in its own forward only, and its distributed rows are "
+            "ShardTensors, whose dispatch torch.compile cannot trace. Compile it at ONE rank, or leave "
+            "compile=False with several ranks (the eager distributed path)"
         )
-    if not is_energy_model(model) and getattr(model, "message_passing_layers", None) is None:
+    declares = any(getattr(model, attr, None) is not None
+                   for attr in ("message_passing_layers", "receptive_hop_lengths"))
+    if not is_energy_model(model) and not declares:
         return InputError(
             f"DomainConfig(compile=True) on {world_size} ranks: {name} has its own forward and "
             "does not declare message_passing_layers (how many neighbour hops its energies read, "
             "which sets the ghost shell: mlipdd.distributed.compiled_halo NOTE [deep ghost shell]); "
             "declare it on the wrapper, compile at ONE rank, or leave compile=False"
         )
-    hops = receptive_hops(model)
-    if hops < 1:
-        return InputError(f"{name}.message_passing_layers must be a positive number of layers, got {hops}")
+    hops = hop_lengths(model, 1.0)
+    if not hops or min(hops) <= 0:
+        return InputError(f"{name}: the hops its energies read must be a positive number of positive "
+                          f"lengths (message_passing_layers / receptive_hop_lengths), got {hops}")
     return None
 
 
@@ -160,10 +194,10 @@ def compiled_on_ranks(model, strategy, spec, group, config, **options) -> Compil
     refusal = refusal_on_ranks(model, strategy.world_size)
     if refusal is not None:
         raise refusal
-    hops = receptive_hops(model)
-    if hops > 1:
-        strategy.halo.width = hops * config.cutoff + config.skin
-    return CompiledHaloCall(model, strategy, spec, group, hops=hops, **options)
+    hops = hop_lengths(model, config.cutoff)
+    if hops != (config.cutoff,):
+        strategy.halo.width = max(sum(hops), config.cutoff) + config.skin
+    return CompiledHaloCall(model, strategy, spec, group, hops=hops, skin=config.skin, **options)
 
 
 class CompiledHaloCall:
@@ -175,27 +209,32 @@ class CompiledHaloCall:
     `CompiledForceCall` (``inner``). ``hops``: the layers an energy reads (NOTE [deep ghost
     shell]); with more than one, the strategy's shell must have been deepened (`deepen_halo`)."""
 
-    def __init__(self, model, strategy, spec, group, reach: float, backend: str, headroom: float, hops: int = 1):
+    def __init__(self, model, strategy, spec, group, reach: float, backend: str, headroom: float,
+                 hops: tuple[float, ...] = (), skin: float = 0.0):
         self.model = model
         self.strategy = strategy
         self.spec = spec
         self.group = group
-        self.hops = int(hops)
+        self.hops = tuple(hops)
+        self.skin = float(skin)
         self.list_cutoff = float(reach)
+        self.own_forward = sums_over_ranks(model)  # NOTE [replicated seed] in compiled_sums
         self._receptive: tuple[int, NeighborList] | None = None  # (rebuild it was built at, list)
-        self.inner = CompiledForceCall(self._local_call, None, reach=reach, backend=backend, headroom=headroom,
+        local_call = self._forward_call if self.own_forward else self._local_call
+        self.inner = CompiledForceCall(local_call, None, reach=reach, backend=backend, headroom=headroom,
                                        check_eager=False)
 
     def __call__(self, model_batch: Batch, meta, compute_stress: bool, eager_call, installing=contextlib.nullcontext) -> dict:
         plain = plain_rows(model_batch, meta.n_owned)
-        if self.hops > 1:
+        if len(self.hops) > 1:
             plain.neighbors = self._receptive_list(plain, meta.n_owned)
-        with installing():  # the spec's adapters, entered by the caller
+        with installing(), summing_over_ranks(self.group):  # the spec's adapters, entered by the caller
             outputs = self.inner(plain, compute_stress)
-        energy = outputs["energy"].clone()
-        if group_size(self.group) > 1:
-            dist.all_reduce(energy, group=self.group)
-        outputs["energy"] = energy
+        if not self.own_forward:  # this rank's owned share; its own forward's is the total already
+            energy = outputs["energy"].clone()
+            if group_size(self.group) > 1:
+                dist.all_reduce(energy, group=self.group)
+            outputs["energy"] = energy
         autograd_outputs = getattr(self.model.model_config, "autograd_outputs", frozenset())
         result = self.strategy.consolidate(outputs, meta, self.spec, autograd_outputs)
         if any_rank(self.inner.needs_check, self.group):  # every rank runs the eager path, or none
@@ -211,7 +250,8 @@ class CompiledHaloCall:
             grid = self.strategy.grid
             cut = torch.tensor([g > 1 or self.strategy.halo.ghosts_on_uncut_axes for g in grid.dims],
                                device=plain.positions.device)
-            self._receptive = (rebuild, receptive_neighbors(plain, n_owned, self.list_cutoff, cut, self.hops))
+            self._receptive = (rebuild, receptive_neighbors(plain, n_owned, self.list_cutoff, cut,
+                                                            [h + self.skin for h in self.hops]))
         return self._receptive[1]
 
     def _local_call(self, batch: Batch, compute_stress: bool) -> dict:
@@ -236,6 +276,17 @@ class CompiledHaloCall:
             out["stress"] = grads[1] / torch.linalg.det(batch.cell).abs().view(-1, 1, 1)
         return out
 
+    def _forward_call(self, batch: Batch, compute_stress: bool) -> dict:
+        """The wrapper's own forward on this rank's rows, its per-system sums over ranks in
+        the graph; its derivatives are ``world_size`` times this rank's share (NOTE
+        [replicated seed] in mlipdd.distributed.compiled_sums)."""
+        out = dict(self.model(batch, compute_stress=compute_stress))
+        share = 1.0 / RANKS.size
+        for name in getattr(self.model.model_config, "autograd_outputs", ()):
+            if name in out:
+                out[name] = out[name] * share
+        return out
+
 
 def _named(error: RuntimeError | None) -> RuntimeError | None:
     if error is None:
@@ -244,10 +295,11 @@ def _named(error: RuntimeError | None) -> RuntimeError | None:
                         "message_passing_layers says: NOTE [deep ghost shell] in mlipdd.distributed.compiled_halo)")
 
 
-def receptive_neighbors(plain: Batch, n_owned: int, cutoff: float, cut_axes: torch.Tensor, hops: int) -> NeighborList:
-    """Edges over all ``[owned | ghost]`` rows whose receiver is within ``hops - 1`` hops of
-    an owned row (NOTE [deep ghost shell]); open along the cut axes (ghosts stand in for
-    the neighbours there), periodic along the others, as the strategy's own list."""
+def receptive_neighbors(plain: Batch, n_owned: int, cutoff: float, cut_axes: torch.Tensor, hops) -> NeighborList:
+    """Edges over all ``[owned | ghost]`` rows whose receiver is reached from an owned row
+    through the first ``len(hops) - 1`` hops, hop ``k`` along edges up to ``hops[k]`` long
+    (NOTE [deep ghost shell]); open along the cut axes (ghosts stand in for the neighbours
+    there), periodic along the others, as the strategy's own list."""
     positions = plain.positions.detach()
     wrap = plain.pbc & ~cut_axes
     view = Batch._from_dicts(
@@ -257,8 +309,12 @@ def receptive_neighbors(plain: Batch, n_owned: int, cutoff: float, cut_axes: tor
     neighbors = build_neighbor_list(view, cutoff)
     needed = torch.zeros(positions.shape[0], dtype=torch.bool, device=positions.device)
     needed[:n_owned] = True
-    for _ in range(hops - 1):  # a receiver's senders are one hop farther out
-        needed[neighbors.senders[needed[neighbors.receivers]]] = True
+    cell = view.cell[plain.batch[neighbors.receivers]]
+    shifts = torch.einsum("ei,eij->ej", neighbors.unit_shifts.to(positions.dtype), cell)
+    lengths = (positions[neighbors.receivers] + shifts - positions[neighbors.senders]).norm(dim=1)
+    for longest in hops[:-1]:  # a receiver's senders are one hop farther out
+        along = needed[neighbors.receivers] & (lengths <= longest)
+        needed[neighbors.senders[along]] = True
     kept = neighbors.select(needed[neighbors.receivers])
     return NeighborList(kept.edge_index, kept.unit_shifts, cutoff, kept.full_list)
 

@@ -52,13 +52,17 @@ class DomainConfig:
     ones (one recompile, counted in ``DistributedModel.compile_stats``). The first call
     at each new set of shapes, and after integer inputs change, is checked against the
     eager call (`mlipdd.distributed.compiled`). At one rank any model; at several ranks
-    under halo storage, models whose energy is a sum of per-atom energies (``atomic_energies``:
-    LJ, MACE through its compile hook, `ToyMPNN`), each rank's plain rows compiled with the
-    exchanges outside and a ghost shell ``message_passing_layers * cutoff + skin`` deep, so
-    that no exchange is needed between layers (`mlipdd.distributed.compiled_halo`, NOTE
-    [deep ghost shell]); a wrapper with only its own forward (UMA, AIMNet2) is refused
-    there by name. Refused with ``cuda_graph=True`` (one or the
-    other) and with a strategy other than ``"halo"``."""
+    under halo and sharded storage, models whose energy is a sum of per-atom energies
+    (``atomic_energies``: LJ, MACE through its compile hook, `ToyMPNN`) and wrappers whose own
+    forward sums per system only through `mlipdd.distributed.compiled_sums.system_sum`
+    (``system_sums_over_ranks``: AIMNet2 with DSF or no Coulomb), each rank's plain rows
+    compiled with a ghost shell as deep as the hops the energies read (``message_passing_layers
+    * cutoff`` or ``receptive_hop_lengths``, + skin), so that no exchange is needed between
+    layers (`mlipdd.distributed.compiled_halo`, NOTE [deep ghost shell]); under graph
+    partition the partition helpers' collectives are traced into the graph
+    (`mlipdd.distributed.compiled_partition`: UMA). Other wrappers with only their own
+    forward are refused at several ranks by name. Refused with ``cuda_graph=True`` (one or
+    the other) and with a strategy other than halo, sharded and graph partition."""
 
     cutoff: float
     skin: float = 0.5

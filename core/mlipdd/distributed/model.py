@@ -104,7 +104,9 @@ class DistributedModel(nn.Module):
             trim = config.cutoff if config.skin > 0 else None
             self._graphed = GraphedForceCall(self._call_model, trim_to=trim)
         self._compiled: CompiledForceCall | None = None
-        self._compiled_halo: CompiledHaloCall | CompiledPartitionCall | None = None  # the several-rank call
+        # the compiled call that issues its own collectives: halo / sharded storage (CompiledHaloCall, also
+        # one rank of sharded storage) or graph partition (CompiledPartitionCall)
+        self._compiled_ranks: CompiledHaloCall | CompiledPartitionCall | None = None
         self._halo_view = None  # sharded storage compiled: the halo rows of its plan
         if config.compile:
             self._build_compiled(model, config)
@@ -116,7 +118,7 @@ class DistributedModel(nn.Module):
 
         if self.strategy.whole_system:  # graph partition: collectives traced in (compiled_partition)
             autograd_outputs = getattr(model.model_config, "autograd_outputs", frozenset())
-            self._compiled_halo = self._compiled = CompiledPartitionCall(
+            self._compiled_ranks = self._compiled = CompiledPartitionCall(
                 model_call, self.strategy, self.spec, self.group, autograd_outputs, backend=config.compile_backend)
             return
         view = halo_view(self.strategy)  # sharded storage: its halo plan's rows (NOTE [sharded, compiled])
@@ -124,8 +126,8 @@ class DistributedModel(nn.Module):
         if self.strategy.world_size == 1 and self._halo_view is None:
             self._compiled = CompiledForceCall(model_call, model_call, **options)
             return
-        self._compiled_halo = compiled_on_ranks(model, view, self.spec, self.group, config, **options)
-        self._compiled = self._compiled_halo.inner  # its counters
+        self._compiled_ranks = compiled_on_ranks(model, view, self.spec, self.group, config, **options)
+        self._compiled = self._compiled_ranks.inner  # its counters
 
     @property
     def cutoff(self) -> float:
@@ -235,8 +237,8 @@ class DistributedModel(nn.Module):
             model_batch, meta = self.strategy.model_batch(batch, self.spec)
             self.last_padded = model_batch
             autograd_outputs = getattr(self.model.model_config, "autograd_outputs", frozenset())
-            if self._compiled_halo is not None:
-                result = self._compiled_halo_call(batch, model_batch, meta, compute_stress, autograd_outputs)
+            if self._compiled_ranks is not None:
+                result = self._compiled_ranks_call(batch, model_batch, meta, compute_stress, autograd_outputs)
                 if check_now:
                     agree_on_errors(_check_outputs(result), self.group)
                 return result
@@ -254,10 +256,10 @@ class DistributedModel(nn.Module):
                 agree_on_errors(_check_outputs(result), self.group)
             return result
 
-    def _compiled_halo_call(self, batch: Batch, model_batch: Batch, meta, compute_stress: bool,
-                            autograd_outputs) -> dict:
-        """Several ranks, compiled (`mlipdd.distributed.compiled_halo`); its checks run the
-        eager distributed forward on the same batch."""
+    def _compiled_ranks_call(self, batch: Batch, model_batch: Batch, meta, compute_stress: bool,
+                             autograd_outputs) -> dict:
+        """Compiled with collectives (`mlipdd.distributed.compiled_halo`, `compiled_partition`);
+        its checks run the eager distributed forward on the same batch."""
         def eager():
             with self.strategy.model_scope(meta):
                 outputs = self._call_model(model_batch, compute_stress)
@@ -270,11 +272,11 @@ class DistributedModel(nn.Module):
         def installing():  # around the compiled call only: the eager check installs its own (never nested:
             with contextlib.ExitStack() as stack:  # an adapter installed twice would wrap itself)
                 stack.enter_context(installed(self.spec))
-                if isinstance(self._compiled_halo, CompiledPartitionCall):  # the model's own code is compiled
+                if isinstance(self._compiled_ranks, CompiledPartitionCall):  # the model's own code is compiled
                     stack.enter_context(activated(self.spec, row_ids=model_batch.atom_ids))
                 yield
 
-        return self._compiled_halo(rows, rows_meta, compute_stress, eager, installing)
+        return self._compiled_ranks(rows, rows_meta, compute_stress, eager, installing)
 
     def _within_cutoff(self, model_batch: Batch) -> Batch:
         """At one rank, the batch with only the list's edges within the cutoff.

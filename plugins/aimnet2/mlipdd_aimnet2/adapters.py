@@ -8,6 +8,10 @@ would be stale. The replacement is the same sum with the result rebound; the dis
 then turns it into owned rows + all_reduce (a replicated value, whose reads per atom in
 aimnet's charge equilibration carry their gradient back to every rank).
 
+Compiled at several ranks (``DomainConfig(compile=True)``) the rows are plain tensors with
+a deep ghost shell and an owned-row marker (`mlipdd.distributed.compiled_sums`): the sum
+is then the owned rows' only, completed over ranks inside the compiled graph.
+
 Everything else aimnet does on this layout is per-row arithmetic, reads of neighbour
 rows through ``index_select`` (routed to the owners under sharded storage) and sums
 over the neighbour-slot dimension of a row, all of which the dispatch handles.
@@ -23,6 +27,7 @@ convolution (and sends the ghosts' gradients home in the backward).
 from __future__ import annotations
 
 import torch
+from mlipdd.distributed.compiled_sums import OWNED_ROWS, system_sum
 
 
 def rebinding_mol_sum(original, x: torch.Tensor, data: dict) -> torch.Tensor:
@@ -31,6 +36,9 @@ def rebinding_mol_sum(original, x: torch.Tensor, data: dict) -> torch.Tensor:
 
     if nbops.get_nb_mode(data) != 1:
         return original(x, data)
+    owned = data.get(OWNED_ROWS)
+    if owned is not None:  # compile=True at several ranks: owned rows, summed over ranks in the graph
+        return system_sum(x, data["mol_idx"], data["charge"].shape[0], owned)
     index = data["mol_idx"].to(torch.long)
     n_systems = int(data["_num_mol"].item())
     if x.ndim == 1:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 from mlipdd.data import Batch
+from mlipdd.distributed.compiled_sums import OWNED_ROWS
 from mlipdd.shard import as_atom_rows
 
 
@@ -160,6 +161,8 @@ def aimnet_inputs(batch: Batch, positions: torch.Tensor, cell: torch.Tensor, cha
         "_input_padded": torch.tensor(False),
         "_num_mol": torch.tensor(batch.num_systems),
     }
+    if OWNED_ROWS in batch.node:  # compiled at several ranks: which rows the sums count (`adapters`)
+        data[OWNED_ROWS] = batch.node[OWNED_ROWS]
     if matrices is None:
         matrices = _matrices_from_list(batch, positions, short_cutoff, long_cutoff)
     for suffix, matrix in matrices.items():

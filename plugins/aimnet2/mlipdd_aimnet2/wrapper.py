@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 from mlipdd.data import Batch, InputError
+from mlipdd.distributed.compiled_sums import OWNED_ROWS
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig, strained
 
 from mlipdd_aimnet2.coulomb import (
@@ -250,7 +251,7 @@ class AIMNet2Wrapper(ModelWrapper):
             # forces are explicit (`coulomb.dsf_energy_and_forces`). Not in float64: the kernel
             # is 1e-9 (energy) and 5e-7 (forces) off the closed form there (measured)
             kernel = (not compute_stress and batch.num_systems == 1 and positions.dtype == torch.float32
-                      and type(positions) is torch.Tensor)
+                      and type(positions) is torch.Tensor and OWNED_ROWS not in batch.node)
             energy, data = self._energy(batch, pos_used, cell, charge, matrices, dsf_kernel=kernel)
             grads = torch.autograd.grad(energy.sum(), inputs)
         # the energy stays float64 (a float32 total of ~1e5 eV rounds by ~1e-2 eV); forces,
@@ -337,6 +338,27 @@ class AIMNet2Wrapper(ModelWrapper):
         index = batch.batch
         counts = nbops.mol_sum(torch.ones_like(data["charges"]), data)
         return (energy / counts)[index], data["charges"]
+
+    # ---- compiled at several ranks (DomainConfig(compile=True)) ---------------------------
+    @property
+    def system_sums_over_ranks(self) -> bool:
+        """Every per-system sum of this forward is aimnet's ``mol_sum``, which the adapter sends
+        through `mlipdd.distributed.compiled_sums.system_sum`: so the core may compile it at
+        several ranks. Not with Ewald (its reciprocal sum over each system's atoms is not a
+        ``mol_sum``) or the all-pairs sum (every pair of a molecule: no ghost shell)."""
+        return set(self.coulomb_methods.values()) <= {"dsf", "none"}
+
+    @property
+    def receptive_hop_lengths(self) -> tuple[float, ...]:
+        """The hops an atom's energy reads, nearest first (the ghost shell compiled at several
+        ranks: NOTE [deep ghost shell] in mlipdd.distributed.compiled_halo). Pass ``p`` of
+        aimnet's ``P`` reads the neighbours' features of pass ``p - 1`` within ``rc_s``, so the
+        energy network reads ``P`` hops and the charges ``P - 1``; the Coulomb term reads the
+        charges within its cutoff, whose atoms read ``P - 1`` hops more."""
+        passes = len(self.model.mlps)
+        if self.coulomb_cutoff is None:
+            return (self.short_cutoff,) * passes
+        return (max(self.coulomb_cutoff, self.short_cutoff),) + (self.short_cutoff,) * (passes - 1)
 
     # ---- distribution -------------------------------------------------------------------
     def distribution_spec(self, strategy=None):

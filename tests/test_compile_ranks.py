@@ -186,7 +186,7 @@ def test_compiled_own_forward_sums_over_ranks_equals_eager(world_size):
     its derivatives are divided by the rank count (NOTE [replicated seed]); equal to the eager
     sharded run to 1e-10 (energy, forces, stress) over three calls, and the charges add up to
     each system's total on every rank count."""
-    for worst, stats, charge in run_ranks(_summing_on_ranks, world_size, 3):
+    for worst, stats, charge in run_ranks(_summing_on_ranks, world_size, 3, timeout=900.0):
         assert {"energy", "forces", "stress"} <= set(worst) and all(v <= 1e-10 for v in worst.values()), worst
         assert stats["compiles"] <= 2 and stats["checks"] >= 1, stats
         assert max(abs(c - t) for c, t in zip(charge, (1.0, -2.0, 0.0))) < 1e-10, charge

@@ -55,8 +55,9 @@ class DistributedModel(nn.Module):
 
     With ``DomainConfig(cuda_graph=True)`` (one rank, CUDA) the model's force call is
     replayed from a CUDA graph (`mlipdd.distributed.cuda_graph`); ``cuda_graph_captures``
-    counts its captures. With ``DomainConfig(compile=True)`` (one rank) it runs through
-    ``torch.compile`` at padded caps (`mlipdd.distributed.compiled`); ``compile_stats``
+    counts its captures. With ``DomainConfig(compile=True)`` it runs through
+    ``torch.compile`` at padded caps (`mlipdd.distributed.compiled`; at several ranks
+    `compiled_halo` and `compiled_partition`); ``compile_stats``
     counts compiles, recompiles and eager checks.
     """
 

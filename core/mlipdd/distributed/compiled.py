@@ -246,7 +246,9 @@ def pad_to_caps(batch: Batch, caps: Caps, reach: float, counts: torch.Tensor | N
         "positions": lambda v: torch.cat([v.detach(), v.new_zeros(extra, *v.shape[1:])]).requires_grad_(True),
         "batch": lambda v: torch.cat([v, v.new_full((extra,), systems)]),
         "atom_ids": lambda v: torch.cat([v, -1 - torch.arange(extra, device=device, dtype=v.dtype)]),
-        OWNED_ROWS: lambda v: torch.cat([v, v.new_zeros(extra)]),  # padding atoms are nobody's
+        # the padding system is summed over its atoms on every rank like any other (compiled_sums):
+        # never an empty sum, whose 0 / 0 a charge equilibration would turn into NaN
+        OWNED_ROWS: lambda v: torch.cat([v, v.new_ones(extra)]),
     })
     system = _padded_rows(batch.system, systems, 1, {
         "cell": lambda v: torch.cat([v.detach(), (torch.eye(3, dtype=v.dtype, device=device) * (reach + 1.0))[None]]),

@@ -5,11 +5,12 @@ its charge equilibration sums every system's charges in every pass).
 Under `mlipdd.distributed.compiled_halo` each rank compiles its plain ``[owned | ghost]``
 rows (padded to caps) with a ghost shell deep enough for every owned atom's energy. A
 per-system sum of those rows would count the ghost copies and miss the other ranks'
-atoms; `system_sum` sums the OWNED rows (the ``OWNED_ROWS`` node field: 1 owned, 0 ghost
-or padding) and completes the sum over ranks with functional collectives traced into the
-graph (a reduce-scatter then an all-gather: every rank gets the same bits; the backward
-is their adjoints, an all-reduce of the gradients). Every rank calls the sums in the same
-order (the same code on every rank; NOTE [collective order] in mlipdd.shard.exchange).
+atoms; `system_sum` sums the OWNED rows (the ``OWNED_ROWS`` node field: 1 owned, 0 ghost;
+padding atoms count in their own padding system) and completes the sum over ranks with
+functional collectives traced into the graph (a reduce-scatter then an all-gather: every
+rank gets the same bits; the backward is their adjoints, an all-reduce of the gradients).
+Every rank calls the sums in the same order (the same code on every rank; NOTE
+[collective order] in mlipdd.shard.exchange).
 
 # NOTE [replicated seed]
 The wrapper differentiates its energy itself, on every rank, seeding 1 on the replicated
@@ -37,7 +38,7 @@ from mlipdd.comm import group_size
 
 __all__ = ["OWNED_ROWS", "summing_over_ranks", "system_sum"]
 
-OWNED_ROWS = "_mlipdd_owned"  # a float node field: 1 on owned rows, 0 on ghost and padding rows
+OWNED_ROWS = "_mlipdd_owned"  # a float node field: 1 on owned (and padding) rows, 0 on ghost rows
 
 
 class _Ranks:

@@ -45,7 +45,7 @@ def _median_ms(fn, repeats: int = 50) -> float:
 
 
 def _system_sum_case(rank, world, device):
-    from mlipdd.distributed.compiled_sums import summing_over_ranks, system_sum
+    from mlipdd.distributed import compiled_sums
 
     rows, systems = 1000 + 17 * rank, 3
     x = torch.randn(rows, 4, device=device, requires_grad=True)
@@ -53,9 +53,15 @@ def _system_sum_case(rank, world, device):
     owned = (torch.arange(rows, device=device) < 900).to(x.dtype)
 
     def call():
-        with summing_over_ranks(dist.group.WORLD):
-            total = system_sum(x, index, systems, owned)
+        # system_sum's local sum, then its collective called directly: at one rank system_sum
+        # skips it (summing_over_ranks holds no group there), here the NCCL path runs at any count
+        compiled_sums.RANKS.group, compiled_sums.RANKS.size = dist.group.WORLD, world
+        try:
+            local = torch.zeros(systems, 4, device=device).index_add(0, index, x * owned[:, None])
+            total = compiled_sums._all_reduce(local)
             (grad,) = torch.autograd.grad((total * total).sum(), [x])
+        finally:
+            compiled_sums.RANKS.group, compiled_sums.RANKS.size = None, 1
         return torch.cat([total.reshape(-1), grad.reshape(-1)])
 
     def refresh():

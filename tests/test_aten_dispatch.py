@@ -2,8 +2,8 @@
 
 LJ (the reference model) under halo storage at 1-4 gloo ranks, float64: a triclinic
 cell, a cell so small that a rank sees its own images, a slab cut along its vacuum and
-a batch of two systems; energy, forces and stress to 1e-10 relative. The switch's
-default stays the torch-function dispatch; an op without a rule is refused by name.
+a batch of two systems; energy, forces and stress to 1e-10 relative; how a run's dispatch is
+chosen; an op without a rule is refused by name.
 """
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ import torch
 from mlipdd.data import InputError
 from mlipdd.distributed import DistributedModel, DomainConfig
 from mlipdd.models.lj import LennardJones
+from mlipdd.models.pipeline import PipelineModelWrapper
 from mlipdd.shard.aten import AtenRefusal, ShardTensor, declare_row_local
 from mlipdd.shard.aten.row_local import USER_ROW_LOCAL
-from mlipdd.strategy.aten_halo import AtenHaloStrategy, strategy_for_dispatch
-from mlipdd.strategy.halo import HaloStrategy
+from mlipdd.strategy import GraphPartitionStrategy, HaloStrategy, ShardedStrategy
+from mlipdd.strategy.aten_halo import AtenHaloStrategy
+from mlipdd.strategy.aten_sharded import AtenShardedStrategy
+from mlipdd.strategy.dispatch import strategy_for_dispatch
 from mlipdd.testing.conformance import check_conformance_cases
 from mlipdd.testing.systems import slab, small_cell, triclinic, two_systems
 from mlipdd.testing.toy_models import ToyMPNN
@@ -47,18 +50,50 @@ def test_lj_exact_under_aten_dispatch(world_size):
         assert result.rel_diff["stress"] < 1e-10, (name, result.rel_diff)
 
 
-def test_switch_default_is_the_torch_function_dispatch(monkeypatch):
+def test_dispatch_chosen_by_config_env_model_and_strategy(monkeypatch):
+    # NOTE [choosing the dispatch]: the config, then the env, then the model, then the strategy
     monkeypatch.delenv("MLIPDD_DISPATCH", raising=False)
-    assert strategy_for_dispatch(HaloStrategy, DomainConfig(cutoff=3.0)) is HaloStrategy
-    assert strategy_for_dispatch(HaloStrategy, DomainConfig(cutoff=3.0, dispatch="aten")) is AtenHaloStrategy
-    monkeypatch.setenv("MLIPDD_DISPATCH", "aten")
-    assert strategy_for_dispatch(HaloStrategy, DomainConfig(cutoff=3.0)) is AtenHaloStrategy
+    plain, aten = DomainConfig(cutoff=3.0), DomainConfig(cutoff=3.0, dispatch="aten")
+    assert strategy_for_dispatch(HaloStrategy, plain) is HaloStrategy  # the strategies' default, for now
+    assert strategy_for_dispatch(HaloStrategy, aten) is AtenHaloStrategy
+    assert strategy_for_dispatch(ShardedStrategy, aten) is AtenShardedStrategy
+    assert strategy_for_dispatch(GraphPartitionStrategy, plain) is GraphPartitionStrategy
+    with pytest.raises(InputError, match="slab_halo.*not 'aten'"):  # a strategy with one dispatch: never the other
+        strategy_for_dispatch(_OldOnly, aten)
+    old_model = ToyMPNN()
+    old_model.needs_dispatch = "torch_function"
+    monkeypatch.setattr(HaloStrategy, "dispatches", ("aten", "torch_function"))  # the flipped default
+    assert strategy_for_dispatch(HaloStrategy, plain) is AtenHaloStrategy
+    assert strategy_for_dispatch(HaloStrategy, plain, old_model) is HaloStrategy  # the model's declaration
+    assert strategy_for_dispatch(HaloStrategy, plain, PipelineModelWrapper([lj(), old_model])) is HaloStrategy
+    assert strategy_for_dispatch(HaloStrategy, plain, PipelineModelWrapper([lj(), ToyMPNN()])) is AtenHaloStrategy
+    compiled = DomainConfig(cutoff=3.0, compile=True)
+    assert strategy_for_dispatch(HaloStrategy, compiled, world_size=1) is AtenHaloStrategy  # the plain model
+    assert strategy_for_dispatch(HaloStrategy, compiled, world_size=2) is HaloStrategy  # its eager checks
+    with pytest.raises(InputError, match="at several ranks"):
+        strategy_for_dispatch(HaloStrategy, DomainConfig(cutoff=3.0, dispatch="aten", compile=True), world_size=2)
+    monkeypatch.setenv("MLIPDD_DISPATCH", "aten")  # the env wins over the model's declaration
+    assert strategy_for_dispatch(HaloStrategy, plain, old_model) is AtenHaloStrategy
+    monkeypatch.setenv("MLIPDD_DISPATCH", "torch_function")
+    assert strategy_for_dispatch(HaloStrategy, plain) is HaloStrategy
     with pytest.raises(InputError, match="not one of"):
         strategy_for_dispatch(HaloStrategy, DomainConfig(cutoff=3.0, dispatch="python"))
-    compiled = DomainConfig(cutoff=3.0, dispatch="aten", compile=True)
-    assert strategy_for_dispatch(HaloStrategy, compiled, world_size=1) is AtenHaloStrategy  # the plain model
-    with pytest.raises(InputError, match="at several ranks"):
-        strategy_for_dispatch(HaloStrategy, compiled, world_size=2)
+
+
+class _OldOnly(HaloStrategy):
+    name = "slab_halo"
+    dispatches = ("torch_function",)
+
+
+class _SlabPlanner(HaloStrategy):
+    """A third party's halo subclass (its own from_config, say)."""
+
+
+def test_a_halo_subclass_gets_an_aten_form_of_its_own(monkeypatch):
+    monkeypatch.delenv("MLIPDD_DISPATCH", raising=False)
+    cls = strategy_for_dispatch(_SlabPlanner, DomainConfig(cutoff=3.0, dispatch="aten"))
+    assert issubclass(cls, AtenHaloStrategy) and issubclass(cls, _SlabPlanner)
+    assert strategy_for_dispatch(_SlabPlanner, DomainConfig(cutoff=3.0, dispatch="aten")) is cls  # made once
 
 
 def checked_at_one_rank(dm):

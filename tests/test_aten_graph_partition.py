@@ -17,7 +17,7 @@ from mlipdd.shard import graph_partition as gp
 from mlipdd.shard.aten import AtenRefusal
 from mlipdd.shard.aten.comm import OwnedRowsOnly
 from mlipdd.shard.aten.graph_partition import PartitionContext
-from mlipdd.strategy.aten_halo import strategy_for_dispatch
+from mlipdd.strategy.dispatch import strategy_for_dispatch
 from mlipdd.strategy.graph_partition import GraphPartitionStrategy
 from mlipdd.strategy.graph_partition.aten import AtenGraphPartitionStrategy
 from mlipdd.testing import RankFailure, run_ranks

@@ -17,9 +17,6 @@ import torch
 from mlipdd.distributed import DomainConfig
 from mlipdd.models.lj import LennardJones
 from mlipdd.spec.presets import SPEC_MPNN_SHARDED
-from mlipdd.strategy.aten_halo import strategy_for_dispatch
-from mlipdd.strategy.aten_sharded import AtenShardedStrategy
-from mlipdd.strategy.sharded import ShardedStrategy
 from mlipdd.testing import run_ranks
 from mlipdd.testing.conformance import build_model, gather_by_id, relative_difference
 from mlipdd.testing.idiom_zoo import SYSTEMS, ZOO
@@ -113,12 +110,6 @@ def test_aten_sharded_equals_one_process(world_size):
             assert torch.equal(p["energy"], parts[0]["energy"]), f"{name}: energy differs between ranks"
     for _, refusal in per_rank:
         assert refusal is not None and "aten::sort" in refusal and "Fix:" in refusal, refusal
-
-
-def test_switch_picks_the_aten_sharded_strategy(monkeypatch):
-    monkeypatch.delenv("MLIPDD_DISPATCH", raising=False)
-    assert strategy_for_dispatch(ShardedStrategy, DomainConfig(cutoff=3.0)) is ShardedStrategy
-    assert strategy_for_dispatch(ShardedStrategy, DomainConfig(cutoff=3.0, dispatch="aten")) is AtenShardedStrategy
 
 
 # the zoo under aten + sharded (the full table: docs/idiom_zoo_aten.md): the models whose

@@ -1,5 +1,6 @@
 """Bad input and failing ranks: the same clear error on every rank, promptly, never a hang."""
 
+import functools
 import time
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 from mlipdd.data import InputError
 from mlipdd.distributed import DistributedModel, DomainConfig
 from mlipdd.testing import RankFailure, run_ranks
+from mlipdd.testing.conformance import check_conformance
 from mlipdd.testing.systems import cubic, slab
 from mlipdd.testing.toy_models import ToyMPNN
 
@@ -79,6 +81,14 @@ def test_dropped_inplace_scatter_return_is_explained():
         run_ranks(_forward, 2, cubic(), drop_rebind=True, timeout=60)
     for message in info.value.failures.values():
         assert "x = x.index_add_(...)" in message
+
+
+def test_dropped_inplace_scatter_return_is_exact_under_aten():
+    # the aten dispatch keeps in-place ops in place: `x.index_add_(...)` called for its side
+    # effect updates x itself, on every rank, as in one process
+    result = check_conformance(functools.partial(_model, drop_rebind=True), cubic(), 2, compute_stress=False,
+                               config_kwargs={"dispatch": "aten"})
+    assert result.rel_diff["energy"] < 1e-10 and result.rel_diff["forces"] < 1e-10, result.rel_diff
 
 
 def test_domain_cutoff_below_model_cutoff_is_refused():

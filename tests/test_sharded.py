@@ -4,7 +4,6 @@ import pytest
 import torch
 from mlipdd.data import AtomicData, Batch, InputError
 from mlipdd.distributed import DistributedModel, DomainConfig, StrategyKind
-from mlipdd.shard import FIRED
 from mlipdd.spec.presets import SPEC_LOCAL
 from mlipdd.testing import run_ranks
 from mlipdd.testing.conformance import check_conformance, gather_by_id, relative_difference
@@ -42,7 +41,6 @@ SYSTEMS = {"triclinic": neutral_triclinic, "two_charged_systems": charged_pair, 
 
 def _qeq_worker(rank, world_size, batch, moves=()):
     """One forward (then one per displacement in ``moves``); owned results by atom id."""
-    FIRED.clear()
     model = qeq()
     dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=0.4, strategy=StrategyKind.SHARDED))
     owned = dm.partition(batch if rank == 0 else None)
@@ -54,7 +52,6 @@ def _qeq_worker(rank, world_size, batch, moves=()):
         steps.append({"atom_ids": owned.atom_ids.clone(), **{k: out[k] for k in ("energy", "forces", "stress", "charges")}})
     return {
         "steps": steps,
-        "fired": dict(FIRED),
         "rows": dm.strategy.stored_rows(),
         "position_rows": dm.last_padded.positions.shape[0],
         "rebuilds": dm.strategy.rebuilds,
@@ -84,12 +81,8 @@ def test_sharded_qeq_equals_one_process(system, world_size):
     results = run_ranks(_qeq_worker, world_size, batch)
     _assert_matches([r["steps"][0] for r in results], _reference(batch), batch.num_atoms)
     for r in results:
-        # the model saw owned rows only, and its reads of remote rows were routed
+        # the model saw owned rows only (its reads of remote rows were routed: exact above)
         assert r["position_rows"] == r["rows"]["owned"]
-        assert r["fired"].get("sharded_gather", 0) > 0
-        assert r["fired"].get("sharded_per_system_reduce", 0) >= 3  # two in QEq + the energy
-        assert r["fired"].get("replicated_to_rows", 0) > 0
-        assert "halo_scatter" not in r["fired"] and "per_system_reduce" not in r["fired"]
 
 
 def test_charges_add_up_to_each_system_total():
@@ -161,6 +154,36 @@ def test_rank_owning_as_many_atoms_as_systems_equals_one_process():
     result = check_conformance(qeq, Batch.from_data_list([data]), 2,
                                config_kwargs={"strategy": "sharded", "grid": (2, 1, 1)})
     result.assert_close()
+
+
+def test_two_atoms_and_two_systems_per_rank_equal_one_process_under_aten():
+    """The same with two systems under the aten dispatch (a rank owning a single atom is
+    refused there: the next test)."""
+    cell = torch.eye(3, dtype=torch.float64) * 10.0
+    data = [AtomicData(positions=[[2.0, 5.0, 5.0], [7.0, 5.0, 5.5 + shift]], atomic_numbers=[8, 1], cell=cell,
+                       pbc=True) for shift in (0.0, 0.3)]
+    result = check_conformance(qeq, Batch.from_data_list(data), 2,
+                               config_kwargs={"strategy": "sharded", "grid": (2, 1, 1), "dispatch": "aten"})
+    result.assert_close()
+
+
+def _single_atom_worker(rank, world_size, batch):
+    dm = DistributedModel(qeq(), DomainConfig(cutoff=4.5, strategy="sharded", grid=(2, 1, 1), dispatch="aten"))
+    owned = dm.partition(batch if rank == 0 else None)
+    try:
+        dm(owned)
+    except InputError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_rank_owning_a_single_atom_is_refused_on_every_rank_under_aten():
+    # NOTE [a single row] in mlipdd.strategy.aten_sharded: a size-1 row dim is moved by
+    # shape-dependent decompositions, so the aten dispatch refuses it before the model runs
+    cell = torch.eye(3, dtype=torch.float64) * 10.0
+    data = AtomicData(positions=[[2.0, 5.0, 5.0], [7.0, 5.0, 5.5]], atomic_numbers=[8, 1], cell=cell, pbc=True)
+    for message in run_ranks(_single_atom_worker, 2, Batch.from_data_list([data])):
+        assert "owns a single atom" in message and "strategy='halo'" in message, message
 
 
 def test_local_policy_is_refused_with_the_fix():

@@ -6,11 +6,18 @@ those tensors are owned rows (NOTE [row counts] in mlipdd.shard.owned_rows). One
 spawned run per world size checks both models on three awkward cells, float64.
 """
 
+import functools
+
 import pytest
 import torch
 from mlipdd.spec.presets import SPEC_MPNN_SHARDED
 from mlipdd.testing import run_ranks
-from mlipdd.testing.conformance import distributed_outputs, gather_by_id, relative_difference
+from mlipdd.testing.conformance import (
+    check_conformance,
+    distributed_outputs,
+    gather_by_id,
+    relative_difference,
+)
 from mlipdd.testing.ordinary_models import ChargeMPNN, VectorMPNN
 from mlipdd.testing.systems import slab, small_cell, triclinic
 
@@ -99,3 +106,12 @@ def test_a_layout_that_cannot_be_inferred_is_explained_on_every_rank():
         assert "ordinary_models.py:" in message and "torch.zeros(n_atoms" in message, message
         assert "zeros_like" in message and "not int(...)" in message, message
         assert "scalars[sender]" in message, message  # the line of the read
+
+
+def test_sizes_read_as_python_ints_are_exact_under_aten():
+    # the aten dispatch carries each tensor's placement: `torch.zeros(int(n_atoms), F)` filled
+    # by the edge index holds atom rows whatever its size was spelt as
+    factory = functools.partial(VectorMPNN, int_sizes=True)
+    result = check_conformance(factory, charged_triclinic(), 2, config_kwargs={"strategy": "sharded", "dispatch": "aten"},
+                               spec=SPEC_MPNN_SHARDED)
+    result.assert_close()

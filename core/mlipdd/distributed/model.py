@@ -31,7 +31,7 @@ from mlipdd.distributed.cuda_graph import TRIM_MARGIN, GraphedForceCall, edges_w
 from mlipdd.plugins import get_strategy
 from mlipdd.shard.custom_ops import activated
 from mlipdd.spec.patching import installed
-from mlipdd.strategy.aten_halo import strategy_for_dispatch
+from mlipdd.strategy.dispatch import strategy_for_dispatch
 
 
 def resolve_spec(model, strategy: str, spec=None):
@@ -72,7 +72,7 @@ class DistributedModel(nn.Module):
         self.config = config
         self.group = group
         strategy_cls = get_strategy(config.strategy_name)
-        strategy_cls = strategy_for_dispatch(strategy_cls, config, group_size(group))  # issue 21: the aten dispatch
+        strategy_cls = strategy_for_dispatch(strategy_cls, config, model, group_size(group))  # NOTE [choosing the dispatch]
         self.spec = resolve_spec(model, config.strategy, spec)
         policy = self.spec.distribution.policy
         if not strategy_cls.accepts(policy):

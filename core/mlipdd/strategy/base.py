@@ -59,6 +59,9 @@ class Strategy(OnGroup, abc.ABC):
     preset: ClassVar[str | None] = None  # registered preset a model without a spec is validated from
     whole_system: ClassVar[bool] = False  # every rank holds every atom (validation checks ownership)
     spatial: ClassVar[bool] = False  # owns atoms by cut planes, so DomainConfig.balance applies
+    # the ShardTensor dispatches it runs, its default first (NOTE [choosing the dispatch] in
+    # mlipdd.strategy.dispatch); empty: it builds its own rows, the dispatch setting does not apply
+    dispatches: ClassVar[tuple[str, ...]] = ()
     grid = None
     rebuilds: int = 0
     balance = None  # the `LoadBalance` of a strategy that moves its cut planes
@@ -67,6 +70,11 @@ class Strategy(OnGroup, abc.ABC):
     @abc.abstractmethod
     def from_config(cls, config, group=None) -> Strategy:
         """A strategy for ``config`` (a `DomainConfig`) on ``group``."""
+
+    @classmethod
+    def with_dispatch(cls, dispatch: str) -> type:
+        """The class that runs ``dispatch`` (one of ``dispatches``; default: this one)."""
+        return cls
 
     @classmethod
     @abc.abstractmethod

@@ -75,6 +75,12 @@ class D3Wrapper(ModelWrapper):
     ``cutoff=15.0, switch_on=12.0``, as aimnet's own D3 does. None: a hard cutoff.
     """
 
+    @property
+    def needs_dispatch(self) -> str | None:
+        """The three-body term builds its triples with ``nonzero`` on edge rows, which the aten
+        dispatch refuses: it runs on the torch-function one (NOTE [choosing the dispatch])."""
+        return "torch_function" if self.params["s9"] != 0.0 else None
+
     def __init__(self, cutoff: float = 10.0, params: dict | None = None, three_body_cutoff: float | None = None,
                  switch_on: float | None = None):
         super().__init__()

@@ -89,6 +89,10 @@ def refuse(func, args, kwargs, why: str, fix: str = ""):
             described.append(f"{t._place} {tuple(t.shape)} from `{t._origin}`")
         else:
             described.append(f"plain {tuple(t.shape)}")
+    if not fix and getattr(func, "namespace", "aten") not in ("aten", "prims"):  # a custom op: its adapter
+        fix = (f"give `{op_name(func.overloadpacket)}` an OpAdapter in the spec "
+               "(DistributionSpec.custom_ops: which arguments are atom rows, which outputs are per atom "
+               "or summed), so the dispatch knows what crosses ranks")
     fix = fix or ("rewrite the step with ops that have a rule (index_select / index_add / scatter_add "
                   "by the edge index, sums over the rows, row-local math), or, if the op truly acts on "
                   "each row alone, declare it: mlipdd.shard.aten.declare_row_local"

@@ -9,7 +9,8 @@ ranks inside the compiled graph (`mlipdd.distributed.compiled_sums`). One batch 
 triclinic crystal whose cell is smaller than the shell (every rank sees its own images
 many times) and a charged slab with vacuum; one compile per rank ("aot_eager": dynamo and
 AOT autograd's graphs, the inductor build is paid in tests/test_compile.py). Measured
-(2026-12-02, 2 shared cores, dynamo "eager" backend, two calls): forces 1e-15 relative at 2 ranks.
+(2026-12-02, 2 ranks, load ~35 on 2 cores): forces 3e-15, stress 2.5e-15, charges 4e-16 relative,
+energy equal; 1 compile (21 graphs, 208 s), 1 check.
 """
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ def test_compiled_aimnet2_on_ranks_equals_eager(world_size):
     for worst, stats, charge, _ in run_ranks(_compiled_vs_eager, world_size, timeout=1800.0):
         assert set(worst) == set(KEYS) and all(value <= 1e-10 for value in worst.values()), worst
         assert stats["compiles"] == 1 and stats["checks"] == 1, stats
-        assert abs(charge[0]) < 1e-5 and abs(charge[1] + 1.0) < 1e-5, charge  # NSE: each system's total
+        # each system's total, to aimnet's own NSE precision (its epsilon in the weights' denominator
+        # leaves ~4e-5 here, eagerly too); a sum missing the other ranks' atoms would be off by ~1
+        assert abs(charge[0]) < 1e-3 and abs(charge[1] + 1.0) < 1e-3, charge
 
 
 def _refused(rank, world_size):

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import torch
 from mlipdd.data import Batch
 from mlipdd.distributed.compiled_sums import OWNED_ROWS
-from mlipdd.shard import as_atom_rows
+from mlipdd.shard import as_atom_rows, local
+from mlipdd.shard.aten import ShardTensor as AtenRows
 
 
 # NOTE [aimnet's Warp convolution]: on CUDA in float32 aimnet's `ConvSV.forward` calls the
@@ -107,14 +108,13 @@ def edge_lengths(positions: torch.Tensor, cell: torch.Tensor, system: torch.Tens
     with torch.no_grad():
         sender, receiver = edge_index[0], edge_index[1]
         pos = positions.detach()
-        cell = torch.Tensor.as_subclass(cell.detach(), torch.Tensor)
+        cell = local(cell.detach())
         if cell.shape[0] == 1:  # one system: one (E, 3) x (3, 3) product, no per-edge copy of the cell
             cart = unit_shifts.to(pos.dtype) @ cell[0]
         else:
             cart = torch.einsum("ei,eij->ej", unit_shifts.to(pos.dtype), cell[system[receiver]])
         vectors = pos.index_select(0, receiver) + cart - pos.index_select(0, sender)
-        lengths = torch.linalg.vector_norm(vectors, dim=1)
-        return torch.Tensor.as_subclass(lengths, torch.Tensor)
+        return local(torch.linalg.vector_norm(vectors, dim=1))
 
 
 # NOTE [shifts in aimnet's flat layout]: given cells of shape (B, 3, 3), aimnet turns the
@@ -168,23 +168,33 @@ def aimnet_inputs(batch: Batch, positions: torch.Tensor, cell: torch.Tensor, cha
     for suffix, matrix in matrices.items():
         # a ghost atom has no edges here: its row of the table is padding (refreshed after
         # each convolution, `mlipdd_aimnet2.adapters`)
-        data[f"nbmat{suffix}"] = as_atom_rows(matrix.index, positions, ghosts_current=False)
-        data[f"shifts{suffix}"] = _shifts_for_aimnet(matrix.unit_shifts, cell, batch.batch)
-        data[f"mask_ij{suffix}"] = matrix.pad
+        data[f"nbmat{suffix}"] = as_atom_rows(matrix.index, positions, ghosts_current=False, index=True)
+        unit_shifts, pad = _table_rows(matrix.unit_shifts, positions), _table_rows(matrix.pad, positions)
+        data[f"shifts{suffix}"] = _shifts_for_aimnet(unit_shifts, cell, batch.batch)
+        data[f"mask_ij{suffix}"] = pad
         # integer cell shifts of each slot, for nvalchemiops' kernels at one process (which
         # take shifts in cell units and one cell per system; aimnet's "shifts" may be vectors)
-        data[f"_unit_shifts{suffix}"] = matrix.unit_shifts
+        data[f"_unit_shifts{suffix}"] = unit_shifts
     return data
+
+
+def _table_rows(t: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """A table's slot values as atom rows under the aten dispatch (NOTE [declared rows]: the
+    rows of this rank's receivers; the torch-function dispatch places them by row count)."""
+    return as_atom_rows(t, positions, ghosts_current=False) if isinstance(positions, AtenRows) else t
 
 
 def _matrices_from_list(batch: Batch, positions: torch.Tensor, short_cutoff: float,
                         long_cutoff: float | torch.Tensor | None) -> dict[str, NeighborMatrix]:
     """The network's matrix and the Coulomb one, cut from the batch's COO list by length."""
     neighbors = batch.neighbors
-    edge_index = neighbors.edge_index.to(positions.device)
-    unit_shifts = neighbors.unit_shifts.to(device=positions.device, dtype=positions.dtype)
+    edge_rows = neighbors.edge_index.to(positions.device)
+    shift_rows = neighbors.unit_shifts.to(device=positions.device, dtype=positions.dtype)
     n_rows = positions.shape[0]
-    lengths = edge_lengths(batch.positions, batch.cell, batch.batch, edge_index, unit_shifts)
+    lengths = edge_lengths(batch.positions, batch.cell, batch.batch, edge_rows, shift_rows)
+    # the tables are bookkeeping on this rank's edges, each receiver's edges all here (NOTE
+    # [declared rows] in mlipdd.shard.aten.tensor): plain local tensors, declared rows after
+    edge_index, unit_shifts, system = local(edge_rows), local(shift_rows), local(batch.batch)
     # a zero-length self edge (i, i, no shift) is not a neighbour
     self_edge = (edge_index[0] == edge_index[1]) & (unit_shifts == 0).all(dim=1)
     matrices = {}
@@ -192,7 +202,7 @@ def _matrices_from_list(batch: Batch, positions: torch.Tensor, short_cutoff: flo
         if cutoff is None:
             continue
         if isinstance(cutoff, torch.Tensor):
-            cutoff = cutoff[batch.batch[edge_index[1]]]
+            cutoff = local(cutoff)[system[edge_index[1]]]
         keep = (lengths < cutoff) & ~self_edge
         if bool(keep.all()):  # the Coulomb matrix often keeps every edge: no copy of them
             matrix = neighbor_matrix(edge_index[0], edge_index[1], unit_shifts, n_rows)

@@ -89,7 +89,7 @@ def _uniform_table(local, dim, reads):
 
 
 def _index_place(idx: Rows, dim: int, values=None) -> Rows:
-    return Rows(dim, idx.kind, 1, values)
+    return Rows(dim, idx.kind, idx.group, values)  # a flattened (n, M) table: M entries per row
 
 
 def _check_index(func, args, kwargs, idx):
@@ -337,7 +337,7 @@ def _scattered_rows(idx, src, ip, sp, ctx):
     i, s = idx._local, unwrap(src)
     if not ip.is_atoms():
         return i, s
-    full, n = i.shape[ip.dim], ctx.n_owned
+    full, n = i.shape[ip.dim], ctx.n_owned * ip.group  # a flattened (n, M) table: M entries per atom
     sdim = sp.dim if sp is not None else ip.dim
     return i.narrow(ip.dim, 0, n), _narrowed(s, sdim, full, n)
 

@@ -230,7 +230,8 @@ def row_local(func, args, kwargs):
                    "distributed, so they cannot be this rank's rows",
                    "build it from the distributed tensors (torch.zeros_like(x), x[sender], ...), not from "
                    "a size (torch.arange(x.shape[0]))")
-    if func.overloadpacket not in COPIES and any(t._place.values == "atoms" for t in rows):
+    if func.overloadpacket not in COPIES and any(t._place.values == "atoms" for t in rows) \
+            and not _same_row_test(func, tensors, rows):
         refuse(func, args, kwargs, "it computes with atom row NUMBERS (an edge index's values): they are this "
                "rank's local row numbers, not the atoms' numbers in one process (sender < receiver, "
                "receiver * n + sender)", "use the edge index only to read and scatter rows; compare atoms by "
@@ -264,6 +265,15 @@ def row_local(func, args, kwargs):
     if isinstance(out, torch.Tensor) and out.dim() != ndim:  # an op that reduced (rare in the table)
         refuse(func, args, kwargs, "its result does not keep the operands' dimensions")
     return finish(func, original, out, place, ctx)
+
+
+def _same_row_test(func, tensors, rows) -> bool:
+    """``sender == receiver`` (or ``!=``): whether two atom row numbers name the same row. A
+    rank's rows are distinct (atom, image) pairs (halo storage: a ghost row is another
+    image; sharded storage: a request-table row is a remote atom), so row equality is
+    the same test as in one process; an order or arithmetic of the numbers is not."""
+    return func.overloadpacket in (aten.eq, aten.ne) and len(tensors) == len(rows) == 2 \
+        and all(t._place.values == "atoms" and t._place.kind == EDGES for t in rows)
 
 
 class _Converted:

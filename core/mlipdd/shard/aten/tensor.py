@@ -26,7 +26,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from mlipdd.shard.aten import comm
-from mlipdd.shard.aten.placement import OWNED, REPLICATE, SHARES, Replicate, Rows
+from mlipdd.shard.aten.placement import GHOSTED, OWNED, REPLICATE, SHARES, Replicate, Rows
 
 __all__ = ["AtenRefusal", "HaloContext", "ShardTensor", "from_local", "to_local", "unwrap"]
 
@@ -179,8 +179,8 @@ def _shares_local(grad, place, halo: HaloContext) -> torch.Tensor:
     if isinstance(place, Rows) and place.is_atoms():
         if isinstance(gp, Replicate):  # uniform over the rows (an expanded seed): owned rows only
             return comm.zero_ghosts(local.contiguous(), place.dim, halo.plan, place.group)
-        if gp.kind == SHARES:
-            return local
+        if gp.kind == SHARES:  # the ghost rows of OWNED rows count for nothing: shares go home
+            return comm.accumulate(local, gp.dim, halo.plan, gp.group) if place.kind == OWNED else local
         return comm.zero_ghosts(local, gp.dim, halo.plan, gp.group)
     return local
 
@@ -193,7 +193,7 @@ class _ToLocal(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return ShardTensor(grad, ctx.place, ctx.halo, ctx.origin)
+        return ShardTensor(unwrap(grad), ctx.place, ctx.halo, ctx.origin)  # a replicated one: its local
 
 
 def from_local(local: torch.Tensor, place, halo: HaloContext, origin: str) -> ShardTensor:
@@ -219,6 +219,31 @@ def owned_rows(x) -> torch.Tensor:
     if isinstance(place, Rows) and place.kind == SHARES:
         local = comm.accumulate(local, place.dim, x._ctx.plan, place.group)
     return local.narrow(place.dim, 0, x._ctx.n_owned)
+
+
+# NOTE [declared rows]
+# A model may compute a step on plain local tensors (``mlipdd.shard.local``: this rank's
+# rows, differentiable) when the step is exact per rank by construction, which no per-op
+# rule can see: D3's three-body triples are pairs of edges of one receiver, and every edge
+# of a receiver lives on its owner's rank (halo and sharded storage); aimnet's dense
+# neighbour table lists each receiver's edges in its row. ``as_atom_rows`` declares the
+# result as atom rows of the forward: ``ghosts_current=False`` makes them OWNED (ghost rows
+# mean nothing: a later read by the edge index copies the owners onto them first, NOTE
+# [aten halo rules]), ``index=True`` says the values are atom row numbers (a table read
+# rows by). From there every op goes through the rules again. The declaration is the
+# model's (a wrong one is a wrong answer), as with `declare_row_local`.
+def declared_atom_rows(t: torch.Tensor, like: ShardTensor, ghosts_current: bool = True,
+                       index: bool = False) -> ShardTensor:
+    """NOTE [declared rows]: ``t`` (this rank's rows of ``like``, plain or replicated) as atom rows."""
+    plain = to_local(t) if isinstance(t, ShardTensor) else t
+    if isinstance(t, ShardTensor) and isinstance(t._place, Rows):
+        raise AtenRefusal(f"as_atom_rows of a tensor that already holds rows ({t._place}, from `{t._origin}`); "
+                          "Fix: declare the plain result of mlipdd.shard.local(...) computations only")
+    if plain.shape[:1] != like.shape[:1]:
+        raise AtenRefusal(f"as_atom_rows of a tensor shaped {tuple(plain.shape)} for {like.shape[0]} atom rows; "
+                          "Fix: one row per atom row of the forward (positions.shape[0])")
+    place = Rows(0, GHOSTED if ghosts_current else OWNED, values="atoms" if index else None)
+    return from_local(plain, place, like._ctx, "as_atom_rows")
 
 
 def replicated(local: torch.Tensor, halo: HaloContext, origin: str) -> ShardTensor:

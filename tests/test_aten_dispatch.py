@@ -3,7 +3,8 @@
 LJ (the reference model) under halo storage at 1-4 gloo ranks, float64: a triclinic
 cell, a cell so small that a rank sees its own images, a slab cut along its vacuum and
 a batch of two systems; energy, forces and stress to 1e-10 relative; how a run's dispatch is
-chosen; an op without a rule is refused by name.
+chosen; an op without a rule is refused by name, and so are an order of atom row numbers and a
+re-declaration of rows (NOTE [declared rows]).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from mlipdd.data import InputError
 from mlipdd.distributed import DistributedModel, DomainConfig
 from mlipdd.models.lj import LennardJones
 from mlipdd.models.pipeline import PipelineModelWrapper
+from mlipdd.shard import as_atom_rows
 from mlipdd.shard.aten import AtenRefusal, ShardTensor, declare_row_local
 from mlipdd.shard.aten.row_local import USER_ROW_LOCAL
 from mlipdd.strategy import GraphPartitionStrategy, HaloStrategy, ShardedStrategy
@@ -150,6 +152,36 @@ def test_a_declared_row_local_op_runs():
         USER_ROW_LOCAL.discard(op)
     reference = model(batch)
     assert torch.allclose(out["energy"], reference["energy"], rtol=1e-12)
+
+
+class ComparesRows(LennardJones):
+    """Compares the edge index's rows: ``!=`` is a row test (exact), ``<`` an order of local
+    row numbers (refused); ``declare``: re-declares atom rows as atom rows (refused)."""
+
+    compare = "ne"
+
+    def atomic_energies(self, batch, positions, cell):
+        sender, receiver = self.neighbors_for(batch).edge_index
+        energies = super().atomic_energies(batch, positions, cell)
+        if self.compare == "declare":
+            return as_atom_rows(energies, positions)
+        distinct = sender != receiver if self.compare == "ne" else sender < receiver
+        return energies * distinct.any().to(energies.dtype)
+
+
+def test_a_row_test_of_atom_row_numbers_runs_and_an_order_is_refused():
+    model = ComparesRows(epsilon=0.0104, sigma=3.4, cutoff=7.0)
+    batch = triclinic(reps=3)
+    dm = checked_at_one_rank(DistributedModel(model, DomainConfig(cutoff=7.0, **ATEN)))
+    owned = dm.partition(batch)
+    assert torch.allclose(dm(owned)["energy"], LennardJones(epsilon=0.0104, sigma=3.4, cutoff=7.0)(batch)["energy"],
+                          rtol=1e-12)
+    model.compare = "lt"
+    with pytest.raises(AtenRefusal, match=r"aten::lt.*atom row NUMBERS.*Fix:"):
+        dm(owned)
+    model.compare = "declare"
+    with pytest.raises(AtenRefusal, match=r"as_atom_rows of a tensor that already holds rows.*Fix:"):
+        dm(owned)
 
 
 @pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))

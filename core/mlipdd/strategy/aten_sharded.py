@@ -40,6 +40,10 @@ class AtenShardedStrategy(ShardedStrategy):
     model_scope = AtenHaloStrategy.model_scope
     consolidate = AtenHaloStrategy.consolidate
 
+    def use_spec(self, spec) -> None:
+        super().use_spec(spec)
+        self._adapted = bool(spec.distribution.custom_ops)  # PME's spline ops: NOTE [aten op adapters]
+
     def prepare(self, batch: Batch, rebuild: bool) -> None:
         """Collective: the sharded rewrite; at a rebuild, every rank learns whether some rank
         owns a single atom (NOTE [a single row]), one all_reduce."""

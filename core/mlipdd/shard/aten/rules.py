@@ -603,7 +603,9 @@ def _rows_into_base(func, args, kwargs, base: ShardTensor, view: ShardTensor, pl
 def host_values(func, args, kwargs):
     refuse(func, args, kwargs, "it reads this rank's rows as values or positions (an item, a sort, the "
            "positions of nonzeros): they differ between one process and the ranks",
-           "reduce over the rows first (x.sum(0), x.amax(0)), or keep the step row-local")
+           "reduce over the rows first (x.sum(0), x.amax(0)), keep the step row-local, or, for bookkeeping that is "
+           "exact per rank by construction (pairs of one receiver's edges, a receiver's neighbour table), compute "
+           "it on mlipdd.shard.local(x) and declare the result with mlipdd.shard.as_atom_rows (NOTE [declared rows])")
 
 
 @rule(aten._unique2.default, aten._unique.default)

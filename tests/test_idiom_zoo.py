@@ -15,9 +15,9 @@ mismatched collectives (HANG or CRASH today) are listed apart and not strict: gl
 aborts, waits or, by timing, lets such a run finish. docs/idiom_zoo.md is the full
 table with the refusal messages.
 
-World sizes: 2, 3 and 4 (one set of spawned ranks each; about 100 s on two cores);
-``pytest --mlipdd-world-sizes=2`` (or the Makefile's ``WORLD_SIZES``) narrows them,
-2 ranks alone take about 30 s.
+World sizes: 2, 3 and 4 (one set of spawned ranks each; 240 s of CPU for all three, 2
+cores; before NOTE [overlap search radius] in mlipdd.data the 2-rank set alone took 438 s,
+now 54 s); ``pytest --mlipdd-world-sizes=2`` (or the Makefile's ``WORLD_SIZES``) narrows them.
 """
 
 from __future__ import annotations

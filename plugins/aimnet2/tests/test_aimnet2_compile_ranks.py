@@ -9,8 +9,8 @@ ranks inside the compiled graph (`mlipdd.distributed.compiled_sums`). One batch 
 triclinic crystal whose cell is smaller than the shell (every rank sees its own images
 many times) and a charged slab with vacuum; one compile per rank ("aot_eager": dynamo and
 AOT autograd's graphs, the inductor build is paid in tests/test_compile.py). Measured
-(2026-12-02, 2 ranks, load ~35 on 2 cores): forces 3e-15, stress 2.5e-15, charges 4e-16 relative,
-energy equal; 1 compile (21 graphs, 208 s), 1 check.
+(2026-12-02, load ~35 on 2 cores): 2 / 3 ranks forces 3e-15 / 7e-15, stress 2.5e-15 / 4e-15,
+charges 4e-16 relative, energy equal; 1 compile (21 graphs, 208 / 167 s), 1 check.
 """
 
 from __future__ import annotations

@@ -23,11 +23,15 @@ import torch
 from mlipdd import Batch
 from mlipdd.data import InputError
 from mlipdd.models import ModelConfig, ModelWrapper, NeighborConfig
+from mlipdd.shard import as_edge_rows
 
+from mlipdd_ewald_pme.d3_c6 import DEFAULT_CHUNK, pair_c6
 from mlipdd_ewald_pme.spec import SPEC_DFTD3_HALO
 
 BOHR = 0.529177210903  # Angstrom
 HARTREE = 27.211386245988  # eV
+# memory_estimate's coefficients (per edge: integer bytes, floats; per chunked edge: 7x7 blocks)
+EDGE_INDEX_BYTES, EDGE_FLOATS, CHUNK_FLOATS = 24, 40, 2
 PBE_BJ = {"s6": 1.0, "a1": 0.4289, "s8": 0.7875, "a2": 4.4407}  # a2 in Bohr (Grimme 2011)
 
 
@@ -73,6 +77,9 @@ class D3Wrapper(ModelWrapper):
     ``t = (r - switch_on) / (cutoff - switch_on)``, so energy and force reach zero smoothly at
     the cutoff (the coordination numbers are not switched); released AIMNet2 models use
     ``cutoff=15.0, switch_on=12.0``, as aimnet's own D3 does. None: a hard cutoff.
+
+    ``chunk``: edges per block of the pairs' C6 sums (NOTE [chunked D3 pairs]); memory
+    falls with it, the result does not change. `memory_estimate` says what a call needs.
     """
 
     @property
@@ -82,8 +89,11 @@ class D3Wrapper(ModelWrapper):
         return "torch_function" if self.params["s9"] != 0.0 else None
 
     def __init__(self, cutoff: float = 10.0, params: dict | None = None, three_body_cutoff: float | None = None,
-                 switch_on: float | None = None):
+                 switch_on: float | None = None, chunk: int = DEFAULT_CHUNK):
         super().__init__()
+        if int(chunk) < 1:
+            raise InputError(f"chunk (edges per C6 block, NOTE [chunked D3 pairs]) must be >= 1, got {chunk}")
+        self.chunk = int(chunk)
         self.model_config = ModelConfig(NeighborConfig(float(cutoff)))
         self.params = {**PBE_BJ, "s9": 0.0, **(params or {})}
         self.three_body_cutoff = float(cutoff if three_body_cutoff is None else three_body_cutoff)
@@ -131,6 +141,17 @@ class D3Wrapper(ModelWrapper):
         z, sender, receiver, inside, safe, _ = self._edges(batch, positions, cell)
         return self._coordination(z, sender, receiver, inside, safe, positions.shape[0])
 
+    @staticmethod
+    def memory_estimate(n_atoms: int, n_edges: int, dtype=torch.float32, chunk: int = DEFAULT_CHUNK) -> int:
+        """Bytes one two-body call (energy, forces, stress) needs above its batch and neighbour
+        list: per edge ``EDGE_INDEX_BYTES`` of integer rows plus ``EDGE_FLOATS`` values of
+        ``dtype`` (distances, counting terms, the two ends' weights and their gradients,
+        what autograd keeps), one C6 chunk's blocks, and the per-atom tables (measured:
+        benchmarks/results/d3_memory_*.md). The three-body term is not counted."""
+        size = torch.finfo(dtype).bits // 8
+        per_edge = EDGE_INDEX_BYTES + EDGE_FLOATS * size
+        return int(n_edges * per_edge + CHUNK_FLOATS * min(chunk, n_edges) * 49 * size + n_atoms * 64 * size)
+
     def _switch(self, r_bohr: torch.Tensor) -> torch.Tensor:
         """The quintic switch (1 below ``switch_on``, 0 at the cutoff), or 1 without one."""
         if self.switch_on is None:
@@ -144,8 +165,10 @@ class D3Wrapper(ModelWrapper):
         dtype = safe.dtype  # the tables are float64: read them in the inputs' dtype (float32 runs)
         weights = reference_weights(cn, self.cn[z].to(dtype))
         weights_sender = weights[sender]
-        c6_ref = self.c6[z[sender], z[receiver]].to(dtype)  # (E, 7, 7)
-        c6 = torch.einsum("ea,eab,eb->e", weights_sender, c6_ref, weights[receiver])
+        n_z = self.c6.shape[0]
+        table = self.c6.to(dtype).reshape(n_z * n_z, *self.c6.shape[2:])  # NOTE [chunked D3 pairs]
+        c6 = pair_c6(weights_sender, weights[receiver], z[sender] * n_z + z[receiver], table, self.chunk)
+        c6 = as_edge_rows(c6, safe)  # edge rows even where this rank's edge and atom counts coincide
         qq = (3.0 * self.r4r2[z[sender]] * self.r4r2[z[receiver]]).to(dtype)
         p = self.params
         radius = p["a1"] * torch.sqrt(qq) + p["a2"]

@@ -13,6 +13,8 @@ three opaque ops, declared here and nowhere else:
 * ``mlipdd_ewald_pme::spline_spread`` / ``::spline_gather``: the plain-torch spline ops
   (``PMEWrapper(spline="torch")``, no weight threshold), under the same rules.
 
+D3 has one: ``mlipdd_ewald_pme::d3_pair_c6`` (edge rows in, edge rows out, no transform).
+
 The ops are named by string, so building a spec imports neither Warp nor nvalchemiops.
 """
 
@@ -57,7 +59,13 @@ SPEC_PME_HALO = SPEC_MPNN_HALO.replace(
 )
 """Particle-mesh Ewald: halo real space; owned charges spread, mesh all-reduced."""
 
-SPEC_DFTD3_HALO = SPEC_MPNN_HALO.replace(name="dftd3_halo")
+# D3's chunked C6 op reads and returns edge rows only: no transform (NOTE [chunked D3 pairs])
+D3_C6_ADAPTER = OpAdapter("mlipdd_ewald_pme::d3_pair_c6")
+
+SPEC_DFTD3_HALO = SPEC_MPNN_HALO.replace(
+    distribution=DistributionSpec(HaloStoragePolicy(), custom_ops=(D3_C6_ADAPTER,)),
+    name="dftd3_halo",
+)
 """DFT-D3(BJ): coordination numbers are halo-corrected scatters, the pair sum is halo work."""
 
 PRESETS = {

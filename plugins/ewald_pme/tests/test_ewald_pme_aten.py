@@ -4,7 +4,7 @@ One spawned launch per rank count (2, 3, 4 gloo ranks, float64) runs its cases a
 process, 1e-10 relative on energy, forces and stress. Halo storage: Ewald and PME (Warp and
 torch splines: the spec's OpAdapters act above autograd, NOTE [aten op adapters]) on a
 tilted charged cell whose ranks see their own images and on two triclinic cells, DSF on a
-slab with vacuum, D3 on rattled MgO with and without its three-body (ATM) term (triples
+slab with vacuum, D3 on rattled MgO (its C6 op in blocks of 7 edges) with and without its three-body (ATM) term (triples
 built per receiver on plain local rows, NOTE [declared rows]), and the pipelines
 [MACE, PME, D3] and [MACE, QEq -> PME]. Sharded storage: Ewald on the tilted charged cell,
 PME on two systems with the batch's charges, DSF on the slab, D3 with ATM, both pipelines.
@@ -40,6 +40,7 @@ from mlipdd_ewald_pme.testing import (
 )
 
 D3_ATM = functools.partial(D3Wrapper, cutoff=6.0, params={"s9": 1.0}, three_body_cutoff=5.0, switch_on=4.5)
+D3_CHUNKED = functools.partial(D3Wrapper, cutoff=6.0, chunk=7)  # the C6 op over several blocks (edge rows)
 
 
 def _cases():
@@ -48,7 +49,7 @@ def _cases():
     vacuum = random_charges(slab(species=(11, 17), spacing=2.9, reps=(5, 5, 3)), seed=3)
     mgo = Batch.from_ase(d3_systems()["MgO(100) slab"].repeat((2, 2, 1)))
     mgo.system["pbc"][:] = True
-    halo = [(EWALD, small), (PME, small), (PME_TORCH, small), (PME, pair), (DSF, vacuum), (D3, mgo),
+    halo = [(EWALD, small), (PME, small), (PME_TORCH, small), (PME, pair), (DSF, vacuum), (D3_CHUNKED, mgo),
             (D3_ATM, mgo), (mace_pme_d3_pipeline, small), (qeq_pme_pipeline, small)]
     sharded = [(EWALD, small), (PME, pair), (DSF, vacuum), (D3_ATM, mgo), (mace_pme_d3_pipeline, small),
                (qeq_pme_pipeline, small)]

@@ -31,7 +31,7 @@ from mlipdd_ewald_pme.testing import (
 )
 from mlipdd_ewald_pme.wrappers import PMEWrapper
 
-D3_ATM = functools.partial(D3Wrapper, cutoff=6.0, params={"s9": 1.0}, switch_on=4.5)
+D3_ATM = functools.partial(D3Wrapper, cutoff=6.0, params={"s9": 1.0}, switch_on=4.5, chunk=7)
 PME_SLAB = functools.partial(PMEWrapper, cutoff=6.0, accuracy=1e-6, slab_correction=True)
 
 

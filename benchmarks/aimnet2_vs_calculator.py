@@ -1,7 +1,8 @@
-"""AIMNet2 at one process: `AIMNet2Wrapper` next to aimnet's own `AIMNet2Calculator`, CPU.
+"""AIMNet2 at one process: `AIMNet2Wrapper` next to aimnet's own `AIMNet2Calculator`, CPU or GPU.
 
     python benchmarks/aimnet2_vs_calculator.py [--sizes 300,1000,3000,10000] [--kinds molecule,...]
     python benchmarks/aimnet2_vs_calculator.py --profile 1000     # torch.profiler: where one call goes
+    python benchmarks/aimnet2_vs_calculator.py --device cuda --repeats 5 --name aimnet2_vs_calculator_gpu --out $OUT
 
 The systems and both codes come from `aimnet2_cases` (the same exported random weights,
 float32, energy + forces per call): one open molecule (DSF), a batch of 48-atom molecules
@@ -35,11 +36,13 @@ from _common import markdown_table, write_results
 from aimnet2_cases import KINDS, agreement, both_codes, exported_model, systems
 
 
-def _setup(kind, size, path):
+def _setup(kind, size, path, device="cpu"):
     from mlipdd.neighbors import attach_neighbors
 
     batch, data = systems(kind, size)
-    wrapper, calcs = both_codes(kind, batch, path, "cpu")
+    batch = batch.to(device=device)
+    data = {k: v.to(device) for k, v in data.items()}
+    wrapper, calcs = both_codes(kind, batch, path, device)
     listed = batch.clone()
     attach_neighbors(listed, wrapper.cutoff)
     calc = calcs["aimnet s"]
@@ -48,21 +51,29 @@ def _setup(kind, size, path):
     return batch, calls
 
 
-def _best(calls: dict, repeats: int) -> dict:
+def _best(calls: dict, repeats: int, device="cpu") -> dict:
+    """Best of ``repeats`` alternating calls: CPU seconds on the CPU, synchronised wall
+    seconds on a GPU (where the host's time is the call's time only with the device done)."""
+    cuda = device.startswith("cuda")
+    clock = time.perf_counter if cuda else time.process_time
     best = dict.fromkeys(calls, float("inf"))
     for _ in range(repeats):
         for name, call in calls.items():
-            start = time.process_time()
+            if cuda:
+                torch.cuda.synchronize()
+            start = clock()
             call()
-            best[name] = min(best[name], time.process_time() - start)
+            if cuda:
+                torch.cuda.synchronize()
+            best[name] = min(best[name], clock() - start)
     return best
 
 
-def compare(kind, size, path, repeats) -> dict:
-    batch, calls = _setup(kind, size, path)
+def compare(kind, size, path, repeats, device="cpu") -> dict:
+    batch, calls = _setup(kind, size, path, device)
     ours, theirs = calls["mlipdd_call_s"](), calls["aimnet_s"]()  # warm-up and the agreement check
     calls["mlipdd_step_s"]()
-    best = _best(calls, repeats)
+    best = _best(calls, repeats, device)
     return {"kind": kind, "atoms": batch.num_atoms, "systems": batch.num_systems, **best,
             "aimnet_over_mlipdd_call": best["aimnet_s"] / best["mlipdd_call_s"],
             "aimnet_over_mlipdd_step": best["aimnet_s"] / best["mlipdd_step_s"], **agreement(ours, theirs)}
@@ -97,6 +108,8 @@ def main(argv=None):
     p.add_argument("--top", type=int, default=8)
     p.add_argument("--label", default="", help="added to the notes (e.g. the commit measured)")
     p.add_argument("--name", default=None)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (synchronised wall time there)")
+    p.add_argument("--out", type=pathlib.Path, default=None, help="results folder (default benchmarks/results)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
@@ -109,7 +122,7 @@ def main(argv=None):
                 if args.profile:
                     rows += profile(kind, size, path, args.top)
                 else:
-                    rows.append(compare(kind, size, path, args.repeats))
+                    rows.append(compare(kind, size, path, args.repeats, args.device))
                     print(json.dumps(rows[-1]), flush=True)  # rows as they come (a long run may be cut)
     notes = (f"{args.label} Random-weight AIMNet2 (released architecture, released-scale atomic shifts), float32, "
              f"energy + forces, {args.threads} intra-op thread(s), one process (`benchmarks/aimnet2_cases.py` for "
@@ -122,12 +135,13 @@ def main(argv=None):
     else:
         columns = ["kind", "atoms", "systems", "aimnet_s", "mlipdd_call_s", "mlipdd_step_s", "aimnet_over_mlipdd_call",
                    "aimnet_over_mlipdd_step", "energy diff eV", "force diff max", "force diff rel", "charge diff max"]
-        title = "AIMNet2 at one process: mlipdd vs aimnet's calculator (CPU)"
-        notes += f" CPU seconds of the process, best of {args.repeats} alternating calls after a warm-up."
+        title = f"AIMNet2 at one process: mlipdd vs aimnet's calculator ({args.device})"
+        clock = "synchronised wall seconds" if args.device.startswith("cuda") else "CPU seconds of the process"
+        notes += f" {clock}, best of {args.repeats} alternating calls after a warm-up."
     if args.name is None:
         print(markdown_table(rows, columns))
         return 0
-    print(write_results(args.name, title, rows, columns, notes))
+    print(write_results(args.name, title, rows, columns, notes, *([args.out] if args.out else [])))
     return 0
 
 

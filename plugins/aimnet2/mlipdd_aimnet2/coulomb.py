@@ -115,10 +115,12 @@ def dsf_energy(data: dict, alpha: float, cutoff: float) -> torch.Tensor:
     return coulomb_factor() * nbops.mol_sum(e_i, data)
 
 
-def dsf_energy_and_forces(data: dict, alpha: float, cutoff: float) -> tuple[torch.Tensor, torch.Tensor]:
+def dsf_energy_and_forces(data: dict, alpha: float, cutoff: float, cell: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """DSF through nvalchemiops' kernel, as aimnet's calculator runs it: the energy per system
     (float64, attached to the charges only) and the fixed-charge forces, which autograd of
     that energy does not give. One process only (the kernel reads every neighbour's row).
+    ``cell``: (B, 3, 3), one per system (the kernel takes the slots' integer shifts,
+    ``_unit_shifts_lr``; aimnet's ``shifts_lr`` are vectors when the batch has several cells).
 
     Autograd through the closed form (`dsf_energy`) walks every one of the ~1100 Coulomb
     slots per atom at 15 A twice; the kernel does the pair sum and its derivative in one pass.
@@ -130,11 +132,11 @@ def dsf_energy_and_forces(data: dict, alpha: float, cutoff: float) -> tuple[torc
     n = coord.shape[0]
     # the kernel skips slots holding ``fill_value``; this layout pads with the row itself
     matrix = torch.where(data["mask_ij_lr"], n, data["nbmat_lr"]).to(torch.int32)
-    cell = data["cell"].detach().to(coord.dtype)
+    cell = cell.detach().to(coord.dtype)
     energy, forces = dsf_coulomb(
         positions=coord.detach(), charges=data["charges"].to(coord.dtype), cutoff=float(cutoff), alpha=float(alpha),
         cell=cell.unsqueeze(0) if cell.ndim == 2 else cell, batch_idx=data["mol_idx"].to(torch.int32),
-        neighbor_matrix=matrix, neighbor_matrix_shifts=data["shifts_lr"].round().to(torch.int32),
+        neighbor_matrix=matrix, neighbor_matrix_shifts=data["_unit_shifts_lr"].round().to(torch.int32),
         fill_value=n, compute_forces=True, num_systems=int(data["_num_mol"]), device=str(coord.device))
     scale = constants.Hartree * constants.Bohr
     return energy * scale, forces.detach() * scale

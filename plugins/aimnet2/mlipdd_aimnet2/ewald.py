@@ -58,15 +58,14 @@ def _ewald_pme():
     return ewald
 
 
-def check_fully_periodic(batch, chosen: list[bool]) -> None:
+def check_fully_periodic(batch, chosen: list[bool], periodic: list[list[bool]]) -> None:
     """Refuse an Ewald system that is not periodic along all three axes (a slab would get the
-    3-D lattice sum of its vacuum-padded cell, silently)."""
-    pbc = batch.pbc.bool()
-    partial = [s for s, (on, row) in enumerate(zip(chosen, pbc.all(dim=1).tolist())) if on and not row]
+    3-D lattice sum of its vacuum-padded cell, silently). ``periodic``: ``batch.pbc`` on the host."""
+    partial = [s for s, (on, row) in enumerate(zip(chosen, periodic)) if on and not all(row)]
     if partial:
         raise InputError(
             f"system(s) {partial} take coulomb='ewald', which sums periodic images along all three axes, "
-            f"but are not periodic along every axis (pbc={pbc[partial].tolist()}); use 'dsf' for them "
+            f"but are not periodic along every axis (pbc={[periodic[i] for i in partial]}); use 'dsf' for them "
             "(coulomb={'molecule': ..., 'periodic': 'dsf'}), or a slab-corrected Ewald from mlipdd-ewald-pme: "
             "ChargeCoupled(AIMNet2Wrapper(..., coulomb='none'), EwaldWrapper(slab_correction=True))"
         )

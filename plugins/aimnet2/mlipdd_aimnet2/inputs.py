@@ -20,6 +20,7 @@ ShardTensor dispatch, and nothing here changes.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -185,8 +186,9 @@ def _table_rows(t: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 
 def _matrices_from_list(batch: Batch, positions: torch.Tensor, short_cutoff: float,
-                        long_cutoff: float | torch.Tensor | None) -> dict[str, NeighborMatrix]:
-    """The network's matrix and the Coulomb one, cut from the batch's COO list by length."""
+                        long_cutoff: float | torch.Tensor | None, margin: float = 0.0) -> dict[str, NeighborMatrix]:
+    """The network's matrix and the Coulomb one, cut from the batch's COO list by length
+    (``cutoff + margin``: `ListMatrices` keeps the edges a list's skin may bring inside)."""
     neighbors = batch.neighbors
     edge_rows = neighbors.edge_index.to(positions.device)
     shift_rows = neighbors.unit_shifts.to(device=positions.device, dtype=positions.dtype)
@@ -203,10 +205,77 @@ def _matrices_from_list(batch: Batch, positions: torch.Tensor, short_cutoff: flo
             continue
         if isinstance(cutoff, torch.Tensor):
             cutoff = local(cutoff)[system[edge_index[1]]]
-        keep = (lengths < cutoff) & ~self_edge
+        keep = (lengths < cutoff + margin) & ~self_edge
         if bool(keep.all()):  # the Coulomb matrix often keeps every edge: no copy of them
             matrix = neighbor_matrix(edge_index[0], edge_index[1], unit_shifts, n_rows)
         else:
             matrix = neighbor_matrix(edge_index[0][keep], edge_index[1][keep], unit_shifts[keep], n_rows)
         matrices[suffix] = matrix
     return matrices
+
+
+# NOTE [matrices while the list holds]. In dynamics one list (built with a skin) serves many
+# steps, and cutting aimnet's two matrices from it walked every pair of the deep Coulomb list
+# each step (two million at 15 A for 2000 atoms: lengths, a mask, a regrouping). At one
+# process `ListMatrices` cuts them once per list, at ``cutoff + 2 skin`` (an atom moves at most
+# skin/2 from where the list was built, so no pair farther than that at the cut comes inside a
+# cutoff while the list holds), and per step only:
+# * the network's matrix is compacted to the pairs inside ``short_cutoff`` now (a walk over its
+#   own slots, not the list's), kept in list order: the matrix the list would give, bit for bit;
+# * the Coulomb matrix is used as cut: its extra pairs lie beyond the Coulomb cutoff, where
+#   DSF reads zero (``d < cutoff`` in the closed form, the cutoff in nvalchemiops' kernel) and
+#   the all-pairs sum of a molecule lists every pair anyway; with Ewald in the batch it is
+#   compacted too (nvalchemiops' real-space kernel sums every slot it is given).
+# Without a skin (a list built at the model's cutoff) the cut is the one the list gives, kept
+# while the same list comes back. Under DD (ShardTensors, or the plain rows of compiled ranks) and
+# inside a torch.compile trace: not cached.
+class ListMatrices:
+    """aimnet's matrices of the last list seen, kept while that list is the batch's (one entry)."""
+
+    def __init__(self):
+        self._list = None  # weak reference to the list's edge index
+        self._key = None
+        self._matrices = None
+
+    def get(self, batch: Batch, positions: torch.Tensor, short_cutoff: float,
+            long_cutoff: float | torch.Tensor | None, model_cutoff: float,
+            exact_long: bool) -> dict[str, NeighborMatrix] | None:
+        """The matrices for this call, or None where the cache does not apply (no list, DD, a
+        CUDA-graph list). ``exact_long``: compact the Coulomb matrix to its cutoff as well."""
+        neighbors = batch.neighbors
+        if (neighbors is None or neighbors.padded or neighbors.cutoff is None or type(positions) is not torch.Tensor
+                or OWNED_ROWS in batch.node or torch.compiler.is_compiling()):  # DD, compiled ranks, a trace
+            return None
+        skin = max(float(neighbors.cutoff) - model_cutoff, 0.0)
+        edge_index = neighbors.edge_index
+        key = (edge_index._version, positions.shape[0], positions.dtype, positions.device, short_cutoff,
+               long_cutoff if not isinstance(long_cutoff, torch.Tensor) else tuple(long_cutoff.tolist()))
+        if self._list is None or self._list() is not edge_index or self._key != key:
+            self._matrices = _matrices_from_list(batch, positions, short_cutoff, long_cutoff, margin=2.0 * skin)
+            self._list, self._key = weakref.ref(edge_index), key
+        if skin == 0.0:
+            return self._matrices
+        matrices = {**self._matrices, "": _within(self._matrices[""], batch, short_cutoff)}
+        if exact_long and "_lr" in matrices:
+            matrices["_lr"] = _within(matrices["_lr"], batch, long_cutoff)
+        return matrices
+
+
+def _within(matrix: NeighborMatrix, batch: Batch, cutoff: float | torch.Tensor) -> NeighborMatrix:
+    """``matrix`` without the slots at or beyond ``cutoff`` (one, or one per system) now, the
+    rest in their order."""
+    with torch.no_grad():
+        if isinstance(cutoff, torch.Tensor):
+            cutoff = cutoff[batch.batch].unsqueeze(1)
+        pos, cell = batch.positions.detach(), batch.cell.detach().to(batch.positions.dtype)
+        shift = torch.einsum("nmi,nij->nmj", matrix.unit_shifts, cell[batch.batch])
+        # the matrix's sign: the neighbour sits at x_j + s @ cell
+        lengths = torch.linalg.vector_norm(pos[matrix.index] + shift - pos.unsqueeze(1), dim=-1)
+        keep = ~matrix.pad & (lengths < cutoff)
+        width = max(int(keep.sum(1).max()) if keep.numel() else 0, 1)
+        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :width]
+        pad = ~keep.gather(1, order)
+        rows = torch.arange(matrix.index.shape[0], device=pos.device).unsqueeze(1)
+        index = torch.where(pad, rows, matrix.index.gather(1, order))
+        shifts = matrix.unit_shifts.gather(1, order.unsqueeze(-1).expand(-1, -1, 3)) * (~pad).unsqueeze(-1)
+        return NeighborMatrix(index, shifts, pad)

@@ -26,14 +26,14 @@ def _is_open(batch: Batch) -> bool:
     return not bool(batch.pbc.to(torch.bool).any())
 
 
-def _wrapped(batch: Batch):
+def _wrapped(batch: Batch, open_batch: bool):
     """(positions inside their cell, integer images) with positions = wrapped + image @ cell,
     or None for a cell that cannot be inverted (the wrap needs fractional coordinates) in a
     batch with a periodic system. Open batches stay where they are (images zero)."""
     positions, cell = batch.positions.detach(), batch.cell.detach().to(batch.positions.dtype)
     if type(positions) is not torch.Tensor:
         return None
-    if _is_open(batch):
+    if open_batch:
         return positions, torch.zeros_like(positions)
     if bool((torch.linalg.det(cell).abs() < 1e-9).any()):
         return None
@@ -43,19 +43,19 @@ def _wrapped(batch: Batch):
     return positions - torch.einsum("ni,nij->nj", image, cell[system]), image
 
 
-def _kernel_matrix(batch: Batch, wrapped, cutoff: float, lists: dict):
+def _kernel_matrix(batch: Batch, wrapped, cutoff: float, lists: dict, largest: int | None):
     """(matrix, counts, shifts) of aimnet's `AdaptiveNeighborList` (one per cutoff: it
-    remembers its width between calls), on positions inside the cell."""
+    remembers its width between calls), on positions inside the cell. ``largest``: the atoms
+    of the largest system of an open batch (None: a batch with a periodic system)."""
     from aimnet.calculators.neighbors import AdaptiveNeighborList
 
     if cutoff not in lists:
         lists[cutoff] = AdaptiveNeighborList(cutoff=cutoff)
     nblist = lists[cutoff]
     system = batch.batch.to(torch.int32)
-    if _is_open(batch):
+    if largest is not None:
         # no atom lists more than its own system's other atoms: the kernel's first guess from
         # the density (53,000 slots at 40 A) would allocate gigabytes for small molecules
-        largest = int(torch.bincount(batch.batch).max()) if wrapped.shape[0] else 1
         nblist.max_neighbors = min(nblist.max_neighbors, nblist._round_to_16(max(largest, 16)))
         matrix, counts, _ = nblist(wrapped, None, None, system, fill_value=wrapped.shape[0])
         return matrix, counts, torch.zeros((*matrix.shape, 3), dtype=torch.int32, device=matrix.device)
@@ -63,37 +63,48 @@ def _kernel_matrix(batch: Batch, wrapped, cutoff: float, lists: dict):
     return nblist(wrapped, cell, batch.pbc.to(torch.bool), system, fill_value=wrapped.shape[0])
 
 
-def aimnet_kernel_matrices(batch: Batch, cutoffs: dict[str, float], lists: dict):
+def _largest(batch: Batch, open_batch: bool) -> int | None:
+    if not open_batch:
+        return None
+    return int(torch.bincount(batch.batch).max()) if batch.num_atoms else 1
+
+
+def aimnet_kernel_matrices(batch: Batch, cutoffs: dict[str, float], lists: dict, open_batch: bool | None = None):
     """(matrices, images): aimnet's matrices straight from the kernel, one per ``{suffix:
     cutoff}`` (index, unit shifts, pad; padded slots point at the row itself), with no COO
     list in between, and each atom's image: the shifts hold for the positions moved into
     their cell, ``positions - images @ cell`` (as aimnet's calculator moves them). None
-    where the kernel does not apply (see `_wrapped`)."""
+    where the kernel does not apply (see `_wrapped`). ``open_batch``: no system periodic (None:
+    read from ``batch.pbc``)."""
     from mlipdd_aimnet2.inputs import NeighborMatrix
 
-    found = _wrapped(batch)
+    open_batch = _is_open(batch) if open_batch is None else open_batch
+    found = _wrapped(batch, open_batch)
     if found is None:
         return None
     wrapped, image = found
     rows = torch.arange(wrapped.shape[0], device=wrapped.device).unsqueeze(1)
+    largest = _largest(batch, open_batch)  # once for both cutoffs (a read of the device)
     matrices = {}
     for suffix, cutoff in cutoffs.items():
-        matrix, counts, shifts = _kernel_matrix(batch, wrapped, cutoff, lists)
+        matrix, counts, shifts = _kernel_matrix(batch, wrapped, cutoff, lists, largest)
         pad = torch.arange(matrix.shape[1], device=matrix.device).unsqueeze(0) >= counts.unsqueeze(1)
         index = torch.where(pad, rows, matrix.to(torch.long))
         matrices[suffix] = NeighborMatrix(index, shifts.to(wrapped.dtype), pad)
     return matrices, image
 
 
-def aimnet_kernel_neighbors(batch: Batch, cutoff: float, lists: dict) -> NeighborList | None:
+def aimnet_kernel_neighbors(batch: Batch, cutoff: float, lists: dict,
+                            open_batch: bool | None = None) -> NeighborList | None:
     """All pairs within ``cutoff`` through nvalchemiops as mlipdd's COO list (sorted by
     receiver, mlipdd's shift sign), or None where the kernel does not apply."""
-    found = _wrapped(batch)
+    open_batch = _is_open(batch) if open_batch is None else open_batch
+    found = _wrapped(batch, open_batch)
     if found is None:
         return None
     wrapped, image = found
     n = wrapped.shape[0]
-    matrix, counts, shifts = _kernel_matrix(batch, wrapped, cutoff, lists)
+    matrix, counts, shifts = _kernel_matrix(batch, wrapped, cutoff, lists, _largest(batch, open_batch))
     slots = torch.arange(matrix.shape[1], device=matrix.device).unsqueeze(0) < counts.unsqueeze(1)
     receiver = torch.arange(n, device=matrix.device).unsqueeze(1).expand_as(matrix)[slots]
     sender = matrix[slots].to(torch.long)

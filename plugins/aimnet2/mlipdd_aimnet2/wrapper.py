@@ -11,6 +11,7 @@ include the response of the charges (as aimnet's own forces do).
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from mlipdd_aimnet2.coulomb import (
     simple_energy,
 )
 from mlipdd_aimnet2.ewald import check_fully_periodic, ewald_energy, splitting
-from mlipdd_aimnet2.inputs import aimnet_inputs, explicit_convolution_rows
+from mlipdd_aimnet2.inputs import ListMatrices, aimnet_inputs, explicit_convolution_rows
 from mlipdd_aimnet2.own_neighbors import aimnet_kernel_matrices, aimnet_kernel_neighbors
 from mlipdd_aimnet2.versions import require_aimnet
 
@@ -131,6 +132,8 @@ class AIMNet2Wrapper(ModelWrapper):
         self.coulomb_cutoff = max(used) if used else None
         self.charge = float(charge)
         self._kernel_lists = {}  # cutoff -> aimnet's AdaptiveNeighborList (`own_neighbors`)
+        self._list_matrices = ListMatrices()  # NOTE [matrices while the list holds]
+        self._pbc_memo = None  # (pbc tensor, its version, on the host): `_periodic`
         self.short_cutoff = float(model.aev.rc_s)
         if species is None:
             from aimnet.models.utils import extract_species
@@ -178,19 +181,23 @@ class AIMNet2Wrapper(ModelWrapper):
         return next(self.model.parameters()).dtype
 
     def total_charge(self, batch: Batch) -> torch.Tensor:
-        """One integer total charge per system: ``batch.charge`` or the wrapper's ``charge``."""
+        """One integer total charge per system: ``batch.charge`` or the wrapper's ``charge``
+        (whole numbers: `check_input` refuses others)."""
         charge = batch.charge
         if charge is None:
             charge = torch.full((batch.num_systems,), self.charge, dtype=batch.dtype, device=batch.device)
-        charge = charge.reshape(-1).to(batch.dtype)
-        off = (charge - torch.round(charge)).abs() > 1e-6
-        if bool(off.any()):
-            raise InputError(
-                f"total charge {charge[off].tolist()} of system(s) {torch.nonzero(off).flatten().tolist()} "
-                "is not an integer; AIMNet2 distributes an integer number of electrons: set the "
-                "batch's system property 'charge' to whole numbers"
-            )
-        return charge
+        return charge.reshape(-1).to(batch.dtype)
+
+    def _periodic(self, batch: Batch) -> list[list[bool]]:
+        """``batch.pbc`` on the host, read once per pbc tensor (a GPU batch's every read of it
+        waits for the device: this call reads it once, and dynamics never again)."""
+        pbc = batch.pbc
+        if torch.compiler.is_compiling():  # no Python state inside a trace
+            return pbc.bool().tolist()
+        memo = self._pbc_memo
+        if memo is None or memo[0]() is not pbc or memo[1] != pbc._version:
+            memo = self._pbc_memo = (weakref.ref(pbc), pbc._version, pbc.bool().tolist())
+        return memo[2]
 
     def check_input(self, batch: Batch) -> None:
         if batch.dtype != self.dtype:
@@ -200,32 +207,40 @@ class AIMNet2Wrapper(ModelWrapper):
             )
         z = batch.atomic_numbers
         supported = self._supported[z.clamp(0, 127)] & (z < 128)
-        if not bool(supported.all()):
+        charge = self.total_charge(batch)
+        off = (charge - torch.round(charge)).abs() > 1e-6
+        species_ok, charges_ok = torch.stack([supported.all(), ~off.any()]).tolist()  # one read of the device
+        if not species_ok:
             bad = sorted({int(v) for v in z[~supported].tolist()})
             raise InputError(
                 f"AIMNet2 was not trained on atomic number(s) {bad}; it covers {list(self.species)}: "
                 "remove those atoms or use a model trained on them"
             )
-        if self.coulomb_methods["periodic"] == "simple" and bool(batch.pbc.bool().any()):
+        if not charges_ok:
+            raise InputError(
+                f"total charge {charge[off].tolist()} of system(s) {torch.nonzero(off).flatten().tolist()} "
+                "is not an integer; AIMNet2 distributes an integer number of electrons: set the "
+                "batch's system property 'charge' to whole numbers"
+            )
+        periodic = self._periodic(batch)
+        if self.coulomb_methods["periodic"] == "simple" and any(any(row) for row in periodic):
             raise InputError(
                 "coulomb='simple' (aimnet's all-pairs Coulomb) cannot sum a periodic cell: the pairs with "
                 "periodic images never end; use coulomb='dsf' for periodic systems, or "
                 "coulomb={'molecule': 'simple', 'periodic': 'dsf'} for a batch of both"
             )
         methods = self.system_methods(batch)
-        if self.coulomb_methods["molecule"] == "ewald" and "ewald" in methods:
-            periodic = batch.pbc.bool().any(dim=1).tolist()
-            if not all(p for p, m in zip(periodic, methods) if m == "ewald"):
-                raise InputError(
-                    "coulomb='ewald' sums periodic images and the batch has a molecule (periodic nowhere); "
-                    "use coulomb={'molecule': 'simple', 'periodic': 'ewald'} for a batch of both"
-                )
-        check_fully_periodic(batch, [m == "ewald" for m in methods])
+        ewald_molecule = not all(any(p) for p, m in zip(periodic, methods) if m == "ewald")
+        if self.coulomb_methods["molecule"] == "ewald" and ewald_molecule:
+            raise InputError(
+                "coulomb='ewald' sums periodic images and the batch has a molecule (periodic nowhere); "
+                "use coulomb={'molecule': 'simple', 'periodic': 'ewald'} for a batch of both"
+            )
+        check_fully_periodic(batch, [m == "ewald" for m in methods], periodic)
 
     def system_methods(self, batch: Batch) -> list[str]:
         """The Coulomb method of each system (``coulomb_methods`` of its kind)."""
-        periodic = batch.pbc.bool().any(dim=1).tolist()
-        return [self.coulomb_methods[SYSTEM_KINDS[int(p)]] for p in periodic]
+        return [self.coulomb_methods[SYSTEM_KINDS[int(any(p))]] for p in self._periodic(batch)]
 
     # ---- forward ----------------------------------------------------------------------
     def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
@@ -236,11 +251,16 @@ class AIMNet2Wrapper(ModelWrapper):
             batch = Batch._from_dicts(dict(batch.node), dict(batch.system))
             matrices = self._kernel_matrices(batch)  # (matrices, images) or None
             if matrices is None:
-                batch.neighbors = aimnet_kernel_neighbors(batch, self.cutoff, self._kernel_lists)
+                open_batch = not any(any(row) for row in self._periodic(batch))
+                batch.neighbors = aimnet_kernel_neighbors(batch, self.cutoff, self._kernel_lists, open_batch)
             if matrices is None and batch.neighbors is None:
                 from mlipdd.neighbors import attach_neighbors
 
                 attach_neighbors(batch, self.cutoff)
+        else:  # the caller's list, which may serve several calls (NOTE [matrices while the list holds])
+            listed = self._list_matrices.get(batch, batch.positions, self.short_cutoff, self._long_cutoff(batch),
+                                             self.cutoff, exact_long="ewald" in self.system_methods(batch))
+            matrices = None if listed is None else (listed, None)
         positions = batch.positions
         with torch.enable_grad():
             if not positions.requires_grad:
@@ -251,11 +271,12 @@ class AIMNet2Wrapper(ModelWrapper):
                 inputs.append(strain)
                 view = Batch._from_dicts({**batch.node, "positions": positions}, dict(batch.system))
                 pos_used, cell = strained(view, strain)
-            # float32, one process, one system, no strain: DSF through aimnet's kernel, whose
-            # forces are explicit (`coulomb.dsf_energy_and_forces`). Not in float64: the kernel
-            # is 1e-9 (energy) and 5e-7 (forces) off the closed form there (measured)
-            kernel = (not compute_stress and batch.num_systems == 1 and positions.dtype == torch.float32
-                      and type(positions) is torch.Tensor and OWNED_ROWS not in batch.node)
+            # float32, one process, no strain: DSF through aimnet's kernel, whose forces are
+            # explicit (`coulomb.dsf_energy_and_forces`), for one system or many (each slot's
+            # integer shifts with its system's cell). Not in float64: the kernel is 1e-9
+            # (energy) and 5e-7 (forces) off the closed form there (measured)
+            kernel = (not compute_stress and positions.dtype == torch.float32 and type(positions) is torch.Tensor
+                      and OWNED_ROWS not in batch.node)
             energy, data = self._energy(batch, pos_used, cell, charge, matrices, dsf_kernel=kernel)
             grads = torch.autograd.grad(energy.sum(), inputs)
         # the energy stays float64 (a float32 total of ~1e5 eV rounds by ~1e-2 eV); forces,
@@ -288,7 +309,8 @@ class AIMNet2Wrapper(ModelWrapper):
         if isinstance(long_cutoff, torch.Tensor):
             return None
         cutoffs = {"": self.short_cutoff, **({"_lr": long_cutoff} if long_cutoff is not None else {})}
-        return aimnet_kernel_matrices(batch, cutoffs, self._kernel_lists)
+        open_batch = not any(any(row) for row in self._periodic(batch))
+        return aimnet_kernel_matrices(batch, cutoffs, self._kernel_lists, open_batch)
 
     def _energy(self, batch: Batch, positions, cell, charge, matrices=None,
                 dsf_kernel: bool = False) -> tuple[torch.Tensor, dict]:
@@ -307,9 +329,13 @@ class AIMNet2Wrapper(ModelWrapper):
             chosen = torch.tensor([m == method for m in methods], dtype=torch.float64, device=positions.device)
             if method == "simple":
                 check_all_pairs(data, chosen, self.method_cutoffs["simple"])
-            if method == "dsf" and dsf_kernel:  # one system, so chosen is [1.0]
-                dsf, data["_dsf_forces"] = dsf_energy_and_forces(data, self.dsf_alpha, self.method_cutoffs["dsf"])
-                energy = energy + dsf
+            if method == "dsf" and dsf_kernel:
+                dsf, forces = dsf_energy_and_forces(data, self.dsf_alpha, self.method_cutoffs["dsf"], cell)
+                if len(set(methods)) == 1:  # every system: no mask (no extra launches)
+                    energy, data["_dsf_forces"] = energy + dsf, forces
+                else:  # a pair's two atoms are in one system: its force is its system's
+                    energy = energy + dsf * chosen
+                    data["_dsf_forces"] = forces * chosen.to(forces.dtype).index_select(0, batch.batch).unsqueeze(1)
             elif method == "ewald":
                 energy = energy + ewald_energy(data, batch, positions, cell, chosen, self.ewald_alpha,
                                                self.ewald_k_cutoff, self.method_cutoffs["ewald"])

@@ -25,7 +25,6 @@ from mlipdd.testing.spawn import run_ranks
 from mlipdd.testing.systems import slab, two_systems
 from mlipdd_ewald_pme.d3 import D3Wrapper
 from mlipdd_ewald_pme.testing import (
-    D3,
     DSF,
     EWALD,
     PME,

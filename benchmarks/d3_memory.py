@@ -3,7 +3,7 @@
 Rattled rock salt (NaCl, 8 n^3 atoms: 97,336 at n=23, 1,000,000 at n=50), D3 two-body at a
 10 A cutoff, energy + forces + stress per call, neighbour list prebuilt. Each row: the peak
 memory of one call above what was held before it (CUDA: max_memory_allocated; CPU: the
-profiler's running sum of allocations and frees), the median call time, and
+profiler's running sum of allocations and frees, a lower bound), the median call time, and
 `D3Wrapper.memory_estimate` for the same edge count. ``--chunks 0``: one chunk of all edges.
 
     python benchmarks/d3_memory.py --device cpu --reps 8,12 --out benchmarks/results
@@ -100,9 +100,12 @@ def main() -> None:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     name = args.name or f"d3_memory_{device.type}"
+    how = ("torch.cuda.max_memory_allocated" if device.type == "cuda" else
+           "the CPU profiler's running sum of each op's net allocations: a LOWER bound, since what an op allocates "
+           "and frees inside itself (the C6 op's chunk blocks, say) is not seen")
     notes = (f"{args.device}, {args.dtype}, D3(BJ) two-body, 10 A cutoff, rattled rock salt, energy + forces + "
              f"stress per call (median of {args.repeats} after a warm-up). peak: above what was held before the call "
-             "(the batch and its neighbour list). estimate: `D3Wrapper.memory_estimate`. "
+             f"(the batch and its neighbour list), from {how}. estimate: `D3Wrapper.memory_estimate`. "
              f"Total {time.perf_counter() - start:.0f} s.")
     columns = ["atoms", "edges", "chunk", "dtype", "seconds", "peak_GiB", "estimate_GiB", "peak/estimate",
                "bytes/edge", "skipped"]

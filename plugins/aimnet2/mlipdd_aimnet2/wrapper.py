@@ -209,7 +209,10 @@ class AIMNet2Wrapper(ModelWrapper):
         supported = self._supported[z.clamp(0, 127)] & (z < 128)
         charge = self.total_charge(batch)
         off = (charge - torch.round(charge)).abs() > 1e-6
-        species_ok, charges_ok = torch.stack([supported.all(), ~off.any()]).tolist()  # one read of the device
+        if type(supported) is torch.Tensor:  # one process: one read of the device for both
+            species_ok, charges_ok = torch.stack([supported.all(), ~off.any()]).tolist()
+        else:  # DD: each a reduced value of the dispatch (every rank gets the same answer)
+            species_ok, charges_ok = bool(supported.all()), not bool(off.any())
         if not species_ok:
             bad = sorted({int(v) for v in z[~supported].tolist()})
             raise InputError(

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import importlib
 from typing import TYPE_CHECKING, ClassVar
 
 from mlipdd.comm import OnGroup
@@ -62,6 +63,9 @@ class Strategy(OnGroup, abc.ABC):
     # the ShardTensor dispatches it runs, its default first (NOTE [choosing the dispatch] in
     # mlipdd.strategy.dispatch); empty: it builds its own rows, the dispatch setting does not apply
     dispatches: ClassVar[tuple[str, ...]] = ()
+    # "module:Class" of the aten form of a strategy whose ``dispatches`` hold "aten" (the form
+    # subclasses the strategy, so it is named here and imported when asked for)
+    aten_class: ClassVar[str | None] = None
     grid = None
     rebuilds: int = 0
     balance = None  # the `LoadBalance` of a strategy that moves its cut planes
@@ -73,8 +77,14 @@ class Strategy(OnGroup, abc.ABC):
 
     @classmethod
     def with_dispatch(cls, dispatch: str) -> type:
-        """The class that runs ``dispatch`` (one of ``dispatches``; default: this one)."""
-        return cls
+        """The class that runs ``dispatch`` (one of ``dispatches``): this one, or its aten form
+        (for a third party's subclass of a built-in strategy, a class of both)."""
+        if dispatch != "aten" or cls.aten_class is None:
+            return cls
+        from mlipdd.strategy.dispatch import aten_form
+
+        module, name = cls.aten_class.split(":")
+        return aten_form(cls, getattr(importlib.import_module(module), name))
 
     @classmethod
     @abc.abstractmethod

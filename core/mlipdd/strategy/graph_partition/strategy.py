@@ -71,17 +71,7 @@ class GraphPartitionStrategy(Strategy):
     name = "graph_partition"
     preset = "SPEC_MPNN_GP"
     dispatches = ("torch_function", "aten")  # NOTE [choosing the dispatch]: the flip is this order
-
-    @classmethod
-    def with_dispatch(cls, dispatch: str) -> type:
-        if dispatch != "aten":
-            return cls
-        from mlipdd.strategy.dispatch import aten_form
-        from mlipdd.strategy.graph_partition.aten import (
-            AtenGraphPartitionStrategy,  # it builds on this class
-        )
-
-        return aten_form(cls, AtenGraphPartitionStrategy)
+    aten_class = "mlipdd.strategy.graph_partition.aten:AtenGraphPartitionStrategy"
     whole_system = True
 
     def __init__(self, group=None):

@@ -69,17 +69,9 @@ class HaloStrategy(SpatialStrategy):
     name = "halo"
     preset = "SPEC_MPNN_HALO"
     # the torch-function dispatch stays the default until the aten one passes every suite
-    # (NOTE [choosing the dispatch]: the flip is this order)
+    # (NOTE [choosing the dispatch]: the flip is this order, here and in sharded, graph partition)
     dispatches = ("torch_function", "aten")
-
-    @classmethod
-    def with_dispatch(cls, dispatch: str) -> type:
-        if dispatch != "aten":
-            return cls
-        from mlipdd.strategy.aten_halo import AtenHaloStrategy  # it builds on this class
-        from mlipdd.strategy.dispatch import aten_form
-
-        return aten_form(cls, AtenHaloStrategy)
+    aten_class = "mlipdd.strategy.aten_halo:AtenHaloStrategy"
 
     @classmethod
     def accepts(cls, policy) -> bool:

@@ -21,18 +21,8 @@ class ShardedStrategy(SpatialStrategy):
 
     name = "sharded"
     preset = "SPEC_MPNN_SHARDED"
-    # the torch-function dispatch stays the default until the aten one passes every suite
-    # (NOTE [choosing the dispatch]: the flip is this order)
-    dispatches = ("torch_function", "aten")
-
-    @classmethod
-    def with_dispatch(cls, dispatch: str) -> type:
-        if dispatch != "aten":
-            return cls
-        from mlipdd.strategy.aten_sharded import AtenShardedStrategy  # it builds on this class
-        from mlipdd.strategy.dispatch import aten_form
-
-        return aten_form(cls, AtenShardedStrategy)
+    dispatches = ("torch_function", "aten")  # NOTE [choosing the dispatch]: the flip is this order
+    aten_class = "mlipdd.strategy.aten_sharded:AtenShardedStrategy"
     keep_halo_state = False  # set by compile=True; otherwise only owned rows are kept
     halo_state = None
 

@@ -8,6 +8,7 @@ from mlipdd.shard import replicated as _replicated  # noqa: F401
 from mlipdd.shard import row_reductions as _row_reductions  # noqa: F401
 from mlipdd.shard import scatter_spellings as _scatter_spellings  # noqa: F401
 from mlipdd.shard import sharded_handlers as _sharded_handlers  # noqa: F401
+from mlipdd.shard.declared import as_atom_rows, local
 from mlipdd.shard.exchange import (
     ExchangePlan,
     all_reduce_sum,
@@ -25,9 +26,7 @@ from mlipdd.shard.tensor import (
     DroppedScatterResultError,
     ShardMeta,
     ShardTensor,
-    as_atom_rows,
     as_edge_rows,
-    local,
     refresh_ghosts,
 )
 

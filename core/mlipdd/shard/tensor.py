@@ -136,15 +136,11 @@ def find_meta(args, kwargs) -> ShardMeta | None:
 
 
 def local(t):
-    """The plain tensor behind a ShardTensor (same data, same autograd history); under the
-    aten dispatch this rank's local rows (`mlipdd.shard.aten.to_local`)."""
+    """The plain tensor behind a ShardTensor (same data, same autograd history); the public
+    form, which also takes the aten dispatch's tensors, is `mlipdd.shard.declared.local`."""
     if isinstance(t, ShardTensor):
         with torch._C.DisableTorchFunctionSubclass():
             return t.as_subclass(torch.Tensor)
-    if isinstance(t, torch.Tensor) and type(t) is not torch.Tensor:
-        from mlipdd.shard.aten import to_local
-
-        return to_local(t)
     return t
 
 
@@ -266,24 +262,6 @@ _NO_PROMOTE = {
     torch.Tensor.item,
     torch.Tensor.numpy,
 }
-
-
-def as_atom_rows(t: torch.Tensor, like: torch.Tensor, ghosts_current: bool = True, index: bool = False) -> torch.Tensor:
-    """Declare ``t`` (a plain tensor with one row per atom of ``like``, along dim 0) as atom
-    rows of ``like``'s forward; ``ghosts_current=False``: its ghost rows are not their
-    owners' values (a padded neighbour table built from this rank's edges, NOTE
-    [placements]). ``index``: its values are this rank's atom row numbers (a neighbour
-    table; the aten dispatch reads rows by it). ``t`` itself when ``like`` is not
-    distributed (one process). Under the aten dispatch: NOTE [declared rows]."""
-    from mlipdd.shard.aten import ShardTensor as AtenShardTensor
-
-    if isinstance(like, AtenShardTensor):
-        from mlipdd.shard.aten.tensor import declared_atom_rows
-
-        return declared_atom_rows(t, like, ghosts_current, index)
-    if not isinstance(like, ShardTensor) or like._meta.layout.is_replicated():
-        return t
-    return ShardTensor.wrap(local(t), like._meta, Rows("atoms", stale=not ghosts_current))
 
 
 def refresh_ghosts(x: torch.Tensor) -> torch.Tensor:

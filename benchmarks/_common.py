@@ -107,3 +107,33 @@ def peak_and_wall(call, repeats: int, world_size: int) -> dict:
             dist.barrier()
         wall.append(time.perf_counter() - t)
     return {"best_s": min(wall), "median_s": statistics.median(wall), "peak_mb": peak}
+
+
+def torchpme_step(batch, cutoff: float, alpha: float, mesh_spacing: float):
+    """torch-pme's energy + forces of ``batch`` (one periodic system, its charges) as a
+    callable: the outside reference the PME runners time next to mlipdd's PMEWrapper at the
+    same Ewald splitting (``alpha``) and mesh spacing; returns the energy (eV)."""
+    import math
+
+    import torch
+    import torchpme
+    from torchpme.prefactors import eV_A
+    from vesin_torch import NeighborList
+
+    cell = batch.cell[0]
+    pairs, shifts = NeighborList(cutoff=cutoff, full_list=False).compute(
+        points=batch.positions, box=cell, periodic=True, quantities="PS")
+    potential = torchpme.CoulombPotential(smearing=1.0 / (math.sqrt(2.0) * alpha)).to(
+        device=batch.positions.device, dtype=batch.positions.dtype)
+    calc = torchpme.PMECalculator(potential, mesh_spacing=mesh_spacing, interpolation_nodes=4).to(
+        batch.positions.device)
+    q = batch.charges.unsqueeze(1)
+
+    def step():
+        positions = batch.positions.detach().requires_grad_(True)
+        d = (positions[pairs[:, 1]] + shifts.to(positions.dtype) @ cell - positions[pairs[:, 0]]).norm(dim=1)
+        energy = eV_A * (q * calc(q, cell, positions, pairs, d)).sum()
+        torch.autograd.grad(energy, positions)
+        return energy
+
+    return step

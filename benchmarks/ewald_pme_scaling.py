@@ -12,11 +12,10 @@ the spacing our mesh has, and a precomputed half neighbour list; it runs on one 
 from __future__ import annotations
 
 import argparse
-import math
 import time
 
 import torch
-from _common import median_time, write_results
+from _common import median_time, torchpme_step, write_results
 
 CUTOFF, ACCURACY = 6.0, 1e-5
 
@@ -65,25 +64,8 @@ def _ours_distributed(rank, world_size, batch):
 
 
 def _torchpme(batch, mesh_spacing):
-    import torchpme
-    from torchpme.prefactors import eV_A
-    from vesin_torch import NeighborList
-
     torch.set_num_threads(1)
-    model = _model()
-    cell = batch.cell[0]
-    pairs, shifts = NeighborList(cutoff=CUTOFF, full_list=False).compute(
-        points=batch.positions, box=cell, periodic=True, quantities="PS")
-    potential = torchpme.CoulombPotential(smearing=1.0 / (math.sqrt(2.0) * model.alpha)).to(torch.float64)
-    calc = torchpme.PMECalculator(potential, mesh_spacing=mesh_spacing, interpolation_nodes=4)
-    q = batch.charges.unsqueeze(1)
-
-    def step():
-        positions = batch.positions.detach().requires_grad_(True)
-        d = (positions[pairs[:, 1]] + shifts.to(positions.dtype) @ cell - positions[pairs[:, 0]]).norm(dim=1)
-        energy = eV_A * (q * calc(q, cell, positions, pairs, d)).sum()
-        torch.autograd.grad(energy, positions)
-
+    step = torchpme_step(batch, CUTOFF, _model().alpha, mesh_spacing)
     return median_time(step, repeats=3)
 
 

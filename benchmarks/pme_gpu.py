@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import json
-import math
 import os
 import pathlib
 import subprocess
@@ -33,7 +32,7 @@ _HERE = pathlib.Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 
 import torch
-from _common import RESULTS, write_results
+from _common import RESULTS, torchpme_step, write_results
 
 CUTOFF, ACCURACY = 8.0, 1e-4
 DEVICE = os.environ.get("LONG_RANGE_DEVICE", "cuda")  # the spawned ranks read it too; --device sets it
@@ -89,26 +88,9 @@ def one_process(kind, n):
 
 
 def _torchpme(batch):
-    import torchpme
-    from torchpme.prefactors import eV_A
-    from vesin_torch import NeighborList
-
     model = _pme()
-    cell = batch.cell[0]
-    pairs, shifts = NeighborList(cutoff=CUTOFF, full_list=False).compute(
-        points=batch.positions, box=cell, periodic=True, quantities="PS")
-    spacing = max(float(cell.norm(dim=1).max()) / d for d in model.mesh_dimensions(batch.cell)[0])
-    potential = torchpme.CoulombPotential(smearing=1.0 / (math.sqrt(2.0) * model.alpha)).to(DEVICE)
-    calc = torchpme.PMECalculator(potential, mesh_spacing=spacing, interpolation_nodes=4).to(DEVICE)
-    q = batch.charges.unsqueeze(1)
-
-    def step():
-        positions = batch.positions.detach().requires_grad_(True)
-        d = (positions[pairs[:, 1]] + shifts.to(positions.dtype) @ cell - positions[pairs[:, 0]]).norm(dim=1)
-        energy = eV_A * (q * calc(q, cell, positions, pairs, d)).sum()
-        torch.autograd.grad(energy, positions)
-        return energy
-
+    spacing = max(float(batch.cell[0].norm(dim=1).max()) / d for d in model.mesh_dimensions(batch.cell)[0])
+    step = torchpme_step(batch, CUTOFF, model.alpha, spacing)
     seconds, energy = _timed(step)
     return {"seconds": seconds, "peak_GiB": _peak(), "energy": float(energy)}
 

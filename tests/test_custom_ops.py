@@ -202,14 +202,14 @@ def full_without_adapters():
 # ---- one spawn, several batches ------------------------------------------------------------
 
 
-def _each_batch(rank, world_size, factory, batches, spec):
-    return [distributed_outputs(rank, world_size, factory, b, {}, True, spec) for b in batches]
+def _each_batch(rank, world_size, factory, batches, spec, config):
+    return [distributed_outputs(rank, world_size, factory, b, config, True, spec) for b in batches]
 
 
-def compare_with_one_process(factory, world_size, batches=None, spec=None) -> list[dict]:
+def compare_with_one_process(factory, world_size, batches=None, spec=None, config=None) -> list[dict]:
     """Relative differences (energy, forces, stress) per batch, distributed vs one process."""
     batches = batches or [triclinic(reps=4), two_systems()]
-    per_rank = run_ranks(_each_batch, world_size, factory, batches, spec, timeout=240)
+    per_rank = run_ranks(_each_batch, world_size, factory, batches, spec, config or {}, timeout=240)
     diffs = []
     for i, batch in enumerate(batches):
         reference = factory()(batch.clone(), compute_stress=True)
@@ -275,6 +275,30 @@ def test_validate_passes_with_the_adapter_and_its_spec_round_trips(tmp_path):
                               "GatherInputsFull+SliceOutputsOwned"])
 def test_transform_equals_one_process(factory, world_size):
     assert_exact(compare_with_one_process(factory, world_size))
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES[1:])
+@pytest.mark.parametrize("factory", [slice_gather_scatter, full],
+                         ids=["SliceOwned+GatherInputs+ScatterOutputs", "GatherInputsFull+SliceOutputsOwned"])
+def test_transform_equals_one_process_under_aten(factory, world_size):
+    # SliceOwned's output has the owned rows only (OWNED rows of the aten tensor); the full
+    # gather runs the op on every atom at every rank (NOTE [aten full rows])
+    assert_exact(compare_with_one_process(factory, world_size, config={"dispatch": "aten"}))
+
+
+def test_full_gather_beside_this_ranks_rows_is_refused_under_aten():
+    from mlipdd.shard.aten import GHOSTED, AtenRefusal, HaloContext, Rows
+    from mlipdd.shard.aten import ShardTensor as AtenShardTensor
+    from mlipdd.shard.aten.adapters import AdaptedOps
+
+    ctx = HaloContext(plan=_one_rank_meta(3, [0]).plan, n_edges=0)
+    values = AtenShardTensor(torch.ones(4, dtype=torch.float64), Rows(0, GHOSTED), ctx, "values")
+    segment = AtenShardTensor(torch.zeros(4, dtype=torch.long), Rows(0, GHOSTED, values="systems"), ctx, "batch")
+    adapter = OpAdapter(op="mlipdd_test::system_mix", arg_transforms={0: GatherInputsFull()},
+                        output_transforms={0: SliceOutputsOwned()})
+    with activated([adapter], row_ids=torch.tensor([0, 1, 2, 0])), AdaptedOps(ctx), \
+            pytest.raises(AtenRefusal, match=r"system_mix.*GatherInputsFull\(\) on every argument"):
+        system_mix(values, segment, 1)
 
 
 def test_full_gather_without_adapters_is_refused_with_the_fix():

@@ -61,7 +61,7 @@ from mlipdd.spec.transforms import (
     SliceOwned,
 )
 
-__all__ = ["activated", "adapter_for", "call_adapted"]
+__all__ = ["activated", "active_row_ids", "adapter_for", "call_adapted"]
 
 _OP_TYPES = (torch._ops.OpOverload, torch._ops.OpOverloadPacket)
 
@@ -141,6 +141,12 @@ def adapter_for(func: Any) -> Any:
     if active is None or not isinstance(func, _OP_TYPES):
         return None
     return active.by_op.get(func)
+
+
+def active_row_ids() -> torch.Tensor | None:
+    """The global atom id of each row of the forward whose adapters are active, or None."""
+    active = _ACTIVE.get()
+    return None if active is None else active.row_ids
 
 
 # ---- the call -------------------------------------------------------------------------

@@ -22,9 +22,14 @@ An op that reads rows computes this rank's part of the global op, so
 * outputs: ``AllReduceSum`` -> summed over ranks, replicated (its gradient is the
   replicated gradient, handed on as it is); ``ScatterOutputs`` -> SHARES rows (its
   gradient: every copy's); none -> atom rows (GHOSTED) when the op read atom rows and
-  the output has this rank's atom rows, edge rows when it read edge rows and has this
-  rank's edge count; anything else is refused: a rank-local value of no known meaning.
-  ``GatherInputsFull`` / ``SliceOutputsOwned`` are refused (not written for aten yet).
+  the output has this rank's atom rows, OWNED atom rows when it read owned rows
+  (``SliceOwned``) and the output has this rank's owned count (padded with ghost rows
+  of no meaning: the aten tensor has the forward's row count; a later read fills them,
+  its gradient is the owned rows' whole gradient), edge rows when it read edge rows and
+  has this rank's edge count; anything else is refused: a rank-local value of no known
+  meaning.
+* ``GatherInputsFull`` (on every argument that holds rows) / ``SliceOutputsOwned``:
+  every rank runs the op on the whole system (NOTE [aten full rows]).
 """
 
 from __future__ import annotations
@@ -34,11 +39,19 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
 from mlipdd.shard.aten import comm
+from mlipdd.shard.aten.full_rows import FullRows
 from mlipdd.shard.aten.placement import EDGES, GHOSTED, OWNED, REPLICATE, SHARES, Rows
 from mlipdd.shard.aten.rules import as_ghosted, as_owned
 from mlipdd.shard.aten.tensor import AtenRefusal, ShardTensor
 from mlipdd.shard.custom_ops import _positional, adapter_for
-from mlipdd.spec.transforms import AllReduceSum, GatherInputs, ScatterOutputs, SliceOwned
+from mlipdd.spec.transforms import (
+    AllReduceSum,
+    GatherInputs,
+    GatherInputsFull,
+    ScatterOutputs,
+    SliceOutputsOwned,
+    SliceOwned,
+)
 
 
 class AdaptedOps(TorchFunctionMode):
@@ -69,7 +82,6 @@ def _refuse(where: str, why: str, fix: str):
 def call_adapted(adapter, func, ctx, args, kwargs):
     where = f"OpAdapter({adapter.qualified_name})"
     args, kwargs = _positional(func, args, kwargs)
-    read = {p.kind if p.is_atoms() else EDGES for a in (*args, *kwargs.values()) for p in _places(a)}
     tensors, roles = [], []
 
     def slot(transform, a, what):
@@ -85,7 +97,12 @@ def call_adapted(adapter, func, ctx, args, kwargs):
 
     template = ([slot(adapter.arg_transforms.get(i), a, f"{where} argument {i}") for i, a in enumerate(args)],
                 {k: slot(None, v, f"{where} argument {k!r}") for k, v in kwargs.items()})
-    call = _Call(func, template, roles, adapter.output_transforms, ctx, read, where)
+    local = set(roles) & {"owned", "ghosted", "edges"}
+    if "full" in roles and local:
+        _refuse(where, f"GatherInputsFull() on some arguments and this rank's {'/'.join(sorted(local))} rows on "
+                "others: the op would mix the whole system with one rank's part",
+                "declare GatherInputsFull() on every argument that holds atom rows")
+    call = _Call(func, template, roles, adapter.output_transforms, ctx, where)
     out = _Adapted.apply(call, *tensors)
     return out if call.several else out[0]
 
@@ -103,17 +120,11 @@ def _fill(tree, values):
     return tree
 
 
-def _places(a):
-    if isinstance(a, (list, tuple)):
-        return [p for x in a for p in _places(x)]
-    return [a._place] if isinstance(a, ShardTensor) and isinstance(a._place, Rows) else []
-
-
 def _role(transform, a, where) -> str:
-    """What the op reads of ``a``: "owned" / "ghosted" atom rows, "edges", "replicated"."""
-    if transform is not None and not isinstance(transform, (SliceOwned, GatherInputs)):
-        _refuse(where, f"{type(transform).__name__}() is not written for the aten dispatch",
-                "run with the default dispatch, or use SliceOwned / GatherInputs / AllReduceSum / ScatterOutputs")
+    """What the op reads of ``a``: "owned" / "ghosted" atom rows, "full" (every atom),
+    "edges", "replicated"."""
+    if transform is not None and not isinstance(transform, (SliceOwned, GatherInputs, GatherInputsFull)):
+        _refuse(where, f"{type(transform).__name__}() is an output transform", "move it to output_transforms")
     p = a._place if isinstance(a, ShardTensor) else None
     if not isinstance(p, Rows):
         if transform is not None:
@@ -124,16 +135,22 @@ def _role(transform, a, where) -> str:
         if transform is not None:
             _refuse(where, f"{type(transform).__name__}() on edge rows", "key the transform to atom rows")
         return "edges"
+    if isinstance(transform, GatherInputsFull):
+        if p.dim != 0 or p.group != 1 or p.values == "atoms":
+            _refuse(where, f"GatherInputsFull() on {p}", "key it to a tensor with one row per atom along dim 0 "
+                    "whose values are not this rank's row numbers")
+        return "full"
     return "owned" if isinstance(transform, SliceOwned) else "ghosted"
 
 
 class _Call:
     """One adapted call: the op, where its tensors go, what they and its outputs mean."""
 
-    def __init__(self, func, template, roles, output_transforms, ctx, read, where):
-        self.func, self.template, self.roles, self.ctx, self.read, self.where = func, template, roles, ctx, read, where
+    def __init__(self, func, template, roles, output_transforms, ctx, where):
+        self.func, self.template, self.roles, self.ctx, self.where = func, template, roles, ctx, where
         self.output_transforms = output_transforms
         self.several = True
+        self.full = FullRows.of(ctx) if "full" in roles else None  # NOTE [aten full rows]
 
     def local_input(self, a, role):
         if role == "replicated":
@@ -142,6 +159,8 @@ class _Call:
             return a._local
         if role == "owned":
             return as_owned(a).narrow(a._place.dim, 0, self.ctx.n_owned * a._place.group)
+        if role == "full":
+            return self.full.gather(as_owned(a).narrow(0, 0, self.ctx.n_owned))
         return as_ghosted(a)
 
 
@@ -160,7 +179,7 @@ class _Adapted(torch.autograd.Function):
                       for i, o in enumerate(outputs)]
         fctx.call, fctx.plain, fctx.outputs = call, plain, outputs
         fctx.places = [t._place if isinstance(t, ShardTensor) else None for t in tensors]
-        done = [_wrap_output(o, kind, call.ctx) for o, kind in zip(outputs, call.kinds)]
+        done = [_wrap_output(o, kind, call) for o, kind in zip(outputs, call.kinds)]
         fctx.mark_non_differentiable(*[d for d, kind in zip(done, call.kinds) if kind is None
                                        and isinstance(d, torch.Tensor)])
         return tuple(done)
@@ -168,8 +187,8 @@ class _Adapted(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(fctx, *grads):
-        call, ctx = fctx.call, fctx.call.ctx
-        pairs = [(o, _plain_grad(g, kind, ctx)) for o, g, kind in zip(fctx.outputs, grads, call.kinds)
+        call = fctx.call
+        pairs = [(o, _plain_grad(g, kind, call)) for o, g, kind in zip(fctx.outputs, grads, call.kinds)
                  if kind is not None and g is not None and o.requires_grad]
         wanted = [i for i, t in enumerate(fctx.plain) if t.requires_grad]
         found = [None] * len(wanted)
@@ -179,63 +198,90 @@ class _Adapted(torch.autograd.Function):
                                             [g for _, g in pairs], allow_unused=True)
         back = [None] * len(fctx.plain)
         for i, g in zip(wanted, found):
-            back[i] = _input_grad(g, call.roles[i], fctx.plain[i], fctx.places[i], ctx)
+            back[i] = _input_grad(g, call.roles[i], fctx.plain[i], fctx.places[i], call)
         return (None, *back)
 
 
 # ---- what the values and gradients mean at the two ends -----------------------------------
 def _output_kind(transform, o, call, where):
-    """"summed" (AllReduceSum), "shares" (ScatterOutputs), "ghosted" / "edges" rows, or None
-    (not a tensor: an int, a size)."""
+    """"summed" (AllReduceSum), "shares" (ScatterOutputs), "ghosted" / "owned" / "edges"
+    rows, "sliced" / "replicated" (NOTE [aten full rows]), or None (not a tensor: an int, a size)."""
     if not isinstance(o, torch.Tensor):
         return None
-    ctx, read = call.ctx, call.read
+    ctx, roles = call.ctx, set(call.roles)
+    rows = o.shape[0] if o.dim() else None
+    if isinstance(transform, SliceOutputsOwned):
+        if call.full is None:
+            _refuse(where, "SliceOutputsOwned() after no GatherInputsFull() argument: the op saw this rank's "
+                    "rows, not the whole system", "declare GatherInputsFull() on the per-atom arguments")
+        if rows != call.full.n_global:
+            _refuse(where, f"SliceOutputsOwned() on {tuple(o.shape)}, not one row per atom of the batch "
+                    f"({call.full.n_global})", "key SliceOutputsOwned to the per-atom output")
+        return "sliced"
+    if call.full is not None:  # every rank computed the same global value
+        if transform is not None:
+            _refuse(where, f"{type(transform).__name__}() after GatherInputsFull(): every rank computed the "
+                    "whole system, so there is no per-rank part to combine",
+                    "drop the output transform (the output is the same on every rank), or SliceOutputsOwned()")
+        return "replicated"
     if isinstance(transform, AllReduceSum):
         return "summed"
     if isinstance(transform, ScatterOutputs):
-        if o.dim() == 0 or o.shape[0] != ctx.n_padded:
+        if rows != ctx.n_padded:
             _refuse(where, f"ScatterOutputs() on {tuple(o.shape)}, not this rank's {ctx.n_padded} atom rows",
                     "key ScatterOutputs to the per-atom output")
         return "shares"
-    if transform is not None:
-        _refuse(where, f"{type(transform).__name__}() is not written for the aten dispatch",
-                "run with the default dispatch")
-    rows = o.shape[0] if o.dim() else None
-    atoms = rows == ctx.n_padded and bool(read & {GHOSTED, OWNED, SHARES})
-    if atoms and EDGES in read:
+    read_atoms, read_edges = bool(roles & {"owned", "ghosted"}), "edges" in roles
+    owned = rows == ctx.n_owned != ctx.n_padded and "owned" in roles
+    if (rows == ctx.n_padded and read_atoms or owned) and read_edges:
         _refuse(where, "it read edge rows and returns atom rows: a sum over this rank's edges, or a per-atom "
                 "value?", "declare ScatterOutputs() for this output if it sums edges into atoms")
-    if atoms:
+    if rows == ctx.n_padded and read_atoms:
         return "ghosted"
-    if rows == ctx.n_edges and EDGES in read:
+    if owned:
+        return "owned"
+    if rows == ctx.n_edges and read_edges:
         return "edges"
     _refuse(where, f"it read distributed rows and returns {tuple(o.shape)}, neither this rank's atom rows "
-            f"({ctx.n_padded}) nor its edge rows ({ctx.n_edges}): a value of this rank alone",
-            "declare AllReduceSum() for this output if it is a partial sum over the rows")
+            f"({ctx.n_padded}, or {ctx.n_owned} owned after SliceOwned()) nor its edge rows ({ctx.n_edges}): "
+            "a value of this rank alone", "declare AllReduceSum() for this output if it is a partial sum over the rows")
 
 
-def _wrap_output(o, kind, ctx):
+def _wrap_output(o, kind, call):
+    ctx = call.ctx
     if kind is None:
         return o
     o = o.detach()
     if kind == "summed":
         return ShardTensor(comm.all_reduce(o.contiguous(), ctx.group), REPLICATE, ctx, "an AllReduceSum output")
-    place = {"shares": Rows(0, SHARES), "ghosted": Rows(0, GHOSTED), "edges": Rows(0, EDGES)}[kind]
+    if kind == "replicated":
+        return ShardTensor(o, REPLICATE, ctx, "an adapted op's output (GatherInputsFull)")
+    if kind == "sliced":
+        return ShardTensor(call.full.slice(o), Rows(0, GHOSTED), ctx, "a SliceOutputsOwned output")
+    if kind == "owned":  # the forward's row count; the ghost rows mean nothing (OWNED)
+        o = torch.cat([o, o.new_zeros((ctx.n_padded - ctx.n_owned, *o.shape[1:]))])
+    place = {"shares": Rows(0, SHARES), "ghosted": Rows(0, GHOSTED), "owned": Rows(0, OWNED),
+             "edges": Rows(0, EDGES)}[kind]
     return ShardTensor(o, place, ctx, "an adapted op's output")
 
 
-def _plain_grad(g, kind, ctx):
+def _plain_grad(g, kind, call):
     """An output's gradient as the plain op's formula takes it: this rank's part of the
-    global gradient of what it computed locally."""
+    global gradient of what it computed locally (the global gradient after GatherInputsFull)."""
+    ctx = call.ctx
+    if kind == "sliced":  # this rank's shares, placed by atom id and summed over ranks
+        return call.full.global_gradient(_plain_grad(g, "ghosted", call))
     if not isinstance(g, ShardTensor):
-        return g
+        return g.narrow(0, 0, ctx.n_owned) if kind == "owned" else g
     gp = g._place
-    if kind == "summed":  # the replicated gradient is every partial's
+    if kind in ("summed", "replicated"):  # the replicated gradient is every partial's / the global one
         if not gp.is_replicate():
-            raise AtenRefusal(f"the gradient of an AllReduceSum output arrived as {gp}")
+            raise AtenRefusal(f"the gradient of a replicated {call.where} output arrived as {gp}")
         return g._local
     if kind == "shares":  # a share's gradient is its atom's, on every copy
         return as_ghosted(g) if isinstance(gp, Rows) else g._local
+    if kind == "owned":  # the owned rows' whole gradient (shares summed into them)
+        return (as_owned(g) if isinstance(gp, Rows) else g._local).narrow(0, 0, ctx.n_owned)
     if kind == "ghosted":  # copies: the adjoint of the copy is the share
         if isinstance(gp, Rows) and gp.kind == SHARES:
             return g._local
@@ -243,17 +289,25 @@ def _plain_grad(g, kind, ctx):
     return g._local
 
 
-def _input_grad(g, role, plain, place, ctx):
+def _input_grad(g, role, plain, place, call):
     """The plain formula's gradient, from this rank's rows only, is this rank's part: atom
     rows as SHARES, edge rows their own, a replicated value's summed over ranks here (a
-    zero part where this rank's rows did not reach it: every rank joins the sum)."""
+    zero part where this rank's rows did not reach it: every rank joins the sum). After
+    GatherInputsFull the formula's gradients are global: a replicated value's is the
+    total, an atom row's this rank keeps for its owned rows (NOTE [aten full rows])."""
+    ctx = call.ctx
     if role == "replicated":
-        total = comm.all_reduce((torch.zeros_like(plain) if g is None else g).contiguous(), ctx.group)
+        if call.full is not None:
+            total = torch.zeros_like(plain) if g is None else g
+        else:
+            total = comm.all_reduce((torch.zeros_like(plain) if g is None else g).contiguous(), ctx.group)
         return total if place is None else ShardTensor(total, REPLICATE, ctx, "an adapted op's gradient")
     if g is None:
         return None
     if role == "edges":
         return ShardTensor(g, place.plain_values(), ctx, "an adapted op's gradient")
+    if role == "full":
+        g = call.full.owned_part(g)
     if role == "owned":
         pad = list(g.shape)
         pad[place.dim] = ctx.n_padded * place.group - g.shape[place.dim]

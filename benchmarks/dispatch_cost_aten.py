@@ -16,8 +16,10 @@ in turn, call by call, so a slow spell of the shared machine costs every variant
 ``--ranks 2``: spawned gloo ranks, both dispatches active, rank 0's median (LJ only by
 default: MACE at 2 ranks is minutes on this machine; ``--rank-models`` adds it).
 
-Rows go to results/dispatch_cost_aten.json and the table to results/dispatch_cost_aten.md.
-Not a timed test: the machine is shared, so read the ratios, not the absolute times.
+``--device cuda``: the same on one GPU (the ranks share it over gloo), each call synchronised.
+Rows go to results/dispatch_cost_aten.json and the table to results/dispatch_cost_aten.md
+(``--out`` / ``--name`` elsewhere). Not a timed test: the machine is shared, so read the
+ratios, not the absolute times.
 """
 
 from __future__ import annotations
@@ -78,12 +80,17 @@ def _dm(model, dispatch: str, rows: bool = False):
     return dm
 
 
-def one_process(name: str, n_atoms: int, repeats: int) -> dict:
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def one_process(name: str, n_atoms: int, repeats: int, device: str = "cpu") -> dict:
     from mlipdd.neighbors import attach_neighbors
 
     torch.set_num_threads(1)
     make_model, make_system, _ = MODELS[name]
-    batch, model = make_system(n_atoms), make_model()
+    batch, model = make_system(n_atoms).to(device), make_model().to(device)
     plain = batch.clone()
     if name != "lj":  # the bare model on a prebuilt list (LJ's forward builds its own)
         attach_neighbors(plain, model.cutoff)
@@ -98,23 +105,30 @@ def one_process(name: str, n_atoms: int, repeats: int) -> dict:
         call()
     for _ in range(repeats):
         for label, call in calls.items():
+            _sync(device)
             t = time.perf_counter()
             call()
+            _sync(device)
             times[label].append(time.perf_counter() - t)
     return {label: 1e3 * statistics.median(ts) for label, ts in times.items()}
 
 
-def rank_timing(rank, world_size, name, n_atoms, repeats):
+def rank_timing(rank, world_size, name, n_atoms, repeats, device="cpu"):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     make_model, make_system, _ = MODELS[name]
+
+    def sync():
+        _sync(device)
+        dist.barrier()
+
     out = {}
     for dispatch in ("torch_function", "aten"):
-        dm = _dm(make_model(), dispatch)
-        owned = dm.partition(make_system(n_atoms) if rank == 0 else None)
+        dm = _dm(make_model().to(device), dispatch)
+        owned = dm.partition(make_system(n_atoms).to(device) if rank == 0 else None)
         out[dispatch] = 1e3 * median_time(lambda dm=dm, owned=owned: dm(owned, compute_stress=True), repeats,
-                                          warmup=2, sync=dist.barrier)
+                                          warmup=2, sync=sync)
     return out
 
 
@@ -125,24 +139,32 @@ def main(argv=None):
     p.add_argument("--models", default="lj,mace")
     p.add_argument("--ranks", type=int, default=2, help="several-rank rows at this count (0: none)")
     p.add_argument("--rank-models", default="lj")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (the ranks share one GPU over gloo)")
+    p.add_argument("--out", type=pathlib.Path, default=RESULTS)
+    p.add_argument("--name", default="dispatch_cost_aten")
     args = p.parse_args(argv)
     from mlipdd.testing import run_ranks
 
     rows = []
     for name in args.models.split(","):
         atoms = MODELS[name][1](args.atoms).num_atoms
-        one = one_process(name, args.atoms, args.repeats)
+        one = one_process(name, args.atoms, args.repeats, args.device)
         for label, ms in one.items():
             rows.append({"model": name, "atoms": atoms, "ranks": 1, "dispatch": label, "ms": ms,
                          "ratio": ms / one["torch_function"]})
         if args.ranks > 1 and name in args.rank_models.split(","):
-            several = run_ranks(rank_timing, args.ranks, name, args.atoms, args.repeats, timeout=1800)[0]
+            several = run_ranks(rank_timing, args.ranks, name, args.atoms, args.repeats, args.device,
+                                timeout=1800)[0]
             for label, ms in several.items():
                 rows.append({"model": name, "atoms": atoms, "ranks": args.ranks, "dispatch": label, "ms": ms,
                              "ratio": ms / several["torch_function"]})
     info = machine()
-    (RESULTS / "dispatch_cost_aten.json").write_text(json.dumps({"machine": info, "rows": rows}, indent=1))
-    lines = ["# Aten vs torch-function dispatch: force + stress call, CPU, 1 thread per rank", "",
+    if args.device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps({"machine": info, "rows": rows}, indent=1))
+    where = "CPU, 1 thread per rank" if args.device == "cpu" else f"{args.device}, 1 host thread per rank"
+    lines = [f"# Aten vs torch-function dispatch: force + stress call, {where}", "",
              "| model | atoms | dtype | ranks | dispatch | ms per call | vs torch_function at the same rank count |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -153,7 +175,7 @@ def main(argv=None):
                    "`aten` at one rank hands the model plain tensors (NOTE [aten at one rank]); `aten rows` keeps "
                    "the ShardTensors (`rows_at_one_rank`): the cost of the rules themselves. `plain`: LJ builds "
                    "its neighbour list on every call; MACE gets one attached; the DistributedModel rows reuse theirs.")]
-    (RESULTS / "dispatch_cost_aten.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One H200 lease of session 10 (issues 22, 23): stages run by the device tool, one per call,
-# from the repository root, results under $OUT. Wheels travel in ignored .whl_* folders
-# (named in the call's carry); each stage copies what it carries to /tmp/big and installs it.
+# H200 leases of sessions 10 and 11 (issues 22, 23, 26): stages run by the device tool, one per
+# call, from the repository root, results under $OUT. Wheels travel in ignored .whl_* folders
+# (named in the call's carry); each stage copies what it carries to /tmp/big and installs the
+# wheels among it (the machine keeps /tmp while warm, so calls made back to back add up).
 #   bash benchmarks/gpu_h200_session.sh tests     # CUDA tests of the suite (e3nn; no cuEq kernels yet)
 #   bash benchmarks/gpu_h200_session.sh cueq      # 1M chunked fused cuEq vs bare 64k; one-rank overhead; profiles
 #   bash benchmarks/gpu_h200_session.sh compile   # 128k chunked profile; compiled/eager/graphed cuEq at 4k
@@ -9,16 +10,34 @@
 #   bash benchmarks/gpu_h200_session.sh d3        # D3 at 10k/100k (benchmarks/d3_memory.py; no Warp needed)
 #   bash benchmarks/gpu_h200_session.sh d3_1M     # D3 at 1M
 #   bash benchmarks/gpu_h200_session.sh longrange # PME 1M: 1 process, distributed mesh 1/2 gloo ranks, torch-pme; AIMNet2
+# Session 11: four calls back to back (s11_a .. s11_d; carry in the comment of each). Their results
+# go to /tmp/res and come back as one $OUT/results_<stage>.tgz, re-packed after every row, since
+# at most 8 files come back from $OUT.
 set -x
 STAGE=$1
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 MLIPDD_BENCH_STALL_S=${MLIPDD_BENCH_STALL_S:-400}
 mkdir -p /tmp/big /tmp/site "$OUT"
-for d in .whl_*; do [ -d "$d" ] && cp "$d"/* /tmp/big/; done
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site /tmp/big/*.whl > /tmp/pip.txt 2>&1 || tail -5 /tmp/pip.txt
+shopt -s nullglob  # a carried folder without wheels (a part of warp's) adds none
+wheels=()
+for f in .whl_*/*; do  # a file already in /tmp/big came (and was installed) in an earlier call
+    b=$(basename "$f"); [ -e "/tmp/big/$b" ] && continue
+    cp "$f" /tmp/big/ && case $b in *.whl) wheels+=("/tmp/big/$b") ;; esac
+done
+[ ${#wheels[@]} -gt 0 ] && { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site ${wheels[@]} > /tmp/pip.txt 2>&1 || tail -5 /tmp/pip.txt; }
 export PYTHONPATH=/tmp/site:$PWD/core:$PWD/plugins/mace:$PWD/plugins/aimnet2:$PWD/plugins/ewald_pme:$PWD/plugins/uma:$PWD/benchmarks
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 machine="nvidia-h200 device machine (one $gpu), torch $(python3 -c 'import torch; print(torch.__version__)'), $(date -u +%Y-%m-%d)"
 T() { local limit=$1; shift; echo "== $(date -u +%T) $*"; timeout "$limit" "$@"; echo "== rc $? $(date -u +%T)"; }
+RES=/tmp/res/$STAGE
+mkdir -p "$RES"
+S() { T "$@" 2>&1 | tee -a "$RES/log.txt" | tail -25; cp benchmarks/results/compile_gpu_*_h200.* "$RES/" 2>/dev/null
+      tar czf "$OUT/results_$STAGE.tgz" -C "$RES" .; }  # one row, its log, then the pack that comes back
+warp_whole() {  # warp's three parts (s11_b, s11_c, s11_d) joined, checked and installed
+    cat /tmp/big/warp.part_* > /tmp/big/warp_lang-1.19.0-py3-none-manylinux_2_28_x86_64.whl
+    (cd /tmp/big && sha256sum -c warp.sha256) && python3 -m pip install -q --no-index --no-deps --no-compile \
+        --target /tmp/site /tmp/big/warp_lang-*.whl && python3 -c "import warp; warp.init()" 2>&1 | tail -2
+}
 case $STAGE in
 tests)
     # pass/fail only, so the two run side by side (16 cores, one GPU)
@@ -68,6 +87,36 @@ longrange)  # call 3 of 3 (warp part 3): the warp wheel whole again, then PME at
         --row-timeout 120 --machine "$machine" --name pme_gpu_1M_h200 --out-dir "$OUT" 2>&1 | tail -8
     T 200 python3 benchmarks/aimnet2_vs_calculator.py --device cuda --sizes 300,1000,3000,10000 --repeats 3 \
         --label "$machine." --name aimnet2_vs_calculator_h200 --out "$OUT" 2>&1 | tail -22
+    ;;
+s11_a)  # carry .whl_cueq_ops .whl_mace .whl_aimnet: NCCL capture at one rank, distributed PME with rank stacks, D3 97k
+    S 90 python3 -m torch.distributed.run --nproc_per_node 1 benchmarks/nccl_capture_probe.py --out "$RES"
+    PME_GPU_STACKS=$RES PME_GPU_STACK_EVERY=15 S 260 python3 benchmarks/pme_gpu.py --sizes 10000,100000 \
+        --rows pme_dist_1 --row-timeout 90 --machine "$machine" --name pme_gpu_dist_h200 --out-dir "$RES"
+    S 170 python3 benchmarks/d3_memory.py --device cuda --reps 23 --chunks 524288,0 --dtype float32 \
+        --out "$RES" --name d3_memory_h200_97k
+    ;;
+s11_b)  # carry .whl_cueq .whl_warp1: one-rank cuEq overhead after bc903be and its 64k profile; compiled cuEq 1k
+    S 170 python3 benchmarks/mace_cueq.py overhead --sizes 4096,27000,64000 --machine "$machine" \
+        --name mace_cueq_session11_h200 --out-dir "$RES"
+    S 100 python3 benchmarks/mace_cueq_profile.py --atoms 64000 --kinds bare,mlipdd --machine "$machine" \
+        --out-dir "$RES" --name mace_cueq_profile_session11_h200
+    export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_cache
+    S 190 python3 benchmarks/compile_gpu.py --cueq --sizes 1000 --steps 200 --repeats 15 --machine "$machine" \
+        --name compile_gpu_cueq_1000_h200
+    ;;
+s11_c)  # carry .whl_warp2: compiled cuEq 27k, D3 1M
+    export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_cache
+    S 230 python3 benchmarks/compile_gpu.py --cueq --sizes 27000 --steps 200 --repeats 15 --machine "$machine" \
+        --name compile_gpu_cueq_27000_h200
+    S 200 python3 benchmarks/d3_memory.py --device cuda --reps 50 --chunks 524288,0 --dtype float32 \
+        --out "$RES" --name d3_memory_h200_1M
+    ;;
+s11_d)  # carry .whl_warp3: warp whole; AIMNet2 vs aimnet's calculator; aten dispatch cost at 27k
+    warp_whole
+    S 230 python3 benchmarks/aimnet2_vs_calculator.py --device cuda --threads 16 --repeats 5 \
+        --label "$machine." --name aimnet2_vs_calculator_h200 --out "$RES"
+    S 150 python3 benchmarks/dispatch_cost_aten.py --device cuda --atoms 27000 --models lj,mace --ranks 2 \
+        --rank-models lj,mace --repeats 7 --out "$RES" --name dispatch_cost_aten_h200
     ;;
 esac
 ls -l "$OUT"

@@ -95,13 +95,33 @@ def _torchpme(batch):
     return {"seconds": seconds, "peak_GiB": _peak(), "energy": float(energy)}
 
 
+def _stack_dumps(rank):
+    """``PME_GPU_STACKS=DIR``: each rank writes its Python stack to DIR/pme_stack_rank<r>.txt
+    every ``PME_GPU_STACK_EVERY`` seconds (default 20): a stalled rank shows where it waits,
+    a slow one shows its progress (the parent's own dump covers only the launcher). Returns
+    ``mark(label)``, which writes the seconds since the rank started next to a phase's name."""
+    folder, start = os.environ.get("PME_GPU_STACKS"), time.perf_counter()
+    if not folder:
+        return lambda label: None
+    pathlib.Path(folder).mkdir(parents=True, exist_ok=True)
+    sink = open(pathlib.Path(folder) / f"pme_stack_rank{rank}.txt", "a")  # noqa: SIM115 - open while the rank runs
+    faulthandler.dump_traceback_later(float(os.environ.get("PME_GPU_STACK_EVERY", 20)), repeat=True, file=sink)
+
+    def mark(label):
+        print(f"[{time.perf_counter() - start:8.2f} s] {label}", file=sink, flush=True)
+    return mark
+
+
 def _rank(rank, world_size, batch, mesh):
     from mlipdd.distributed import DistributedModel, DomainConfig
 
+    mark = _stack_dumps(rank)
     model = _pme(mesh)
     dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=0.0))
     owned = dm.partition(batch.to(DEVICE) if rank == 0 else None)
+    mark("partitioned")
     dm(owned)  # builds the halo
+    mark("first call (halo built)")
     times = []
     for _ in range(3):
         torch.distributed.barrier()
@@ -110,6 +130,8 @@ def _rank(rank, world_size, batch, mesh):
         out = dm(owned)
         _sync()
         times.append(time.perf_counter() - start)
+        mark(f"timed call {times[-1]:.3f} s")
+    faulthandler.cancel_dump_traceback_later()
     return {"seconds": sorted(times)[1], "peak_GiB": _peak(), "energy": float(out["energy"][0]),
             "mesh": "x".join(map(str, model.mesh_dimensions(owned.cell)[0]))}
 

@@ -35,8 +35,15 @@ class RankFailure(RuntimeError):
 # The server is one per process and shared with `rank_pool.rank_context` (a calculator's
 # ranks): whichever starts it first fixes its modules, so both read the same list.
 _UNDER_PYTEST = ("pytest", "ase.build", "mlipdd.testing", "mlipdd.distributed.rank_worker")
+# NOTE [compiler in the forkserver]: a rank's first `torch.compile` (even "aot_eager") imports
+# dynamo, functorch's compilers and much of inductor: 5 s + 3 s of a loaded 2-core machine,
+# in every rank of every compiled test (the compile itself then takes 0.2-0.4 s). Imported
+# once in the server, a rank forks with them. Importing starts no thread (checked: one
+# thread before and after), so the fork stays clean. Under pytest only: a user's
+# calculator does not compile in its ranks.
+_COMPILER = ("torch._dynamo", "functorch.compile", "torch._inductor.lowering", "torch.export._trace")
 if "pytest" in sys.modules:
-    preload_in_forkserver(*_UNDER_PYTEST)
+    preload_in_forkserver(*_UNDER_PYTEST, *_COMPILER)
 
 
 def _context():

@@ -15,7 +15,7 @@ import torch
 from mlipdd.data import Batch, InputError
 from mlipdd.distributed import DistributedModel, DomainConfig
 from mlipdd.distributed.compiled_sums import OWNED_ROWS, system_sum
-from mlipdd.models.base import ModelWrapper, strained
+from mlipdd.models.base import ModelWrapper
 from mlipdd.models.lj import LennardJones
 from mlipdd.testing import run_ranks
 from mlipdd.testing.qeq_model import QEqModel
@@ -129,8 +129,8 @@ def test_compiled_mace_on_ranks_equals_eager():
 
 
 class _SummingQEq(QEqModel):
-    """Charge equilibration (per-system sums between two layers, as AIMNet2's) with its own
-    forward, every per-system sum through `system_sum`: compiled at several ranks it runs on
+    """Charge equilibration (per-system sums between two layers, as AIMNet2's), every
+    per-system sum (the energy's too: QEqModel.forward hands it over) through `system_sum`: compiled at several ranks it runs on
     the plain rows, its sums completed over ranks in the graph (NOTE [own forward on rows])."""
 
     system_sums_over_ranks = True
@@ -138,24 +138,6 @@ class _SummingQEq(QEqModel):
 
     def system_sum(self, values, batch):
         return system_sum(values, batch.batch, batch.num_systems, batch.node.get(OWNED_ROWS))
-
-    def forward(self, batch, compute_stress=False):
-        positions = batch.positions
-        with torch.enable_grad():
-            if not positions.requires_grad:
-                positions = positions.detach().requires_grad_(True)
-            inputs, used, cell = [positions], positions, batch.cell
-            if compute_stress:
-                strain = torch.zeros_like(batch.cell).requires_grad_(True)
-                inputs.append(strain)
-                view = Batch._from_dicts({**batch.node, "positions": positions}, dict(batch.system))
-                used, cell = strained(view, strain)
-            energy = self.system_sum(self.atomic_energies(batch, used, cell), batch)
-            grads = torch.autograd.grad(energy.sum(), inputs)
-        out = {"energy": energy.detach(), "forces": -grads[0], "charges": self.last_charges.detach()}
-        if compute_stress:
-            out["stress"] = grads[1] / torch.linalg.det(batch.cell).abs().view(-1, 1, 1)
-        return out
 
 
 def _summing_on_ranks(rank, world_size, steps):

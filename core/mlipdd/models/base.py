@@ -123,8 +123,11 @@ class ModelWrapper(nn.Module):
         return energy_forces_stress(self, batch, compute_stress)
 
 
-def energy_forces_stress(model: ModelWrapper, batch: Batch, compute_stress: bool) -> dict:
+def energy_forces_stress(model: ModelWrapper, batch: Batch, compute_stress: bool, sum_systems=None) -> dict:
     """Energy per system, forces by autograd, stress by the strain route.
+
+    ``sum_systems(energies, batch)`` makes the per-system energy (default `per_system_sum`; a
+    model whose sums run elsewhere, e.g. inside a compiled graph, passes its own).
 
     A batch without a neighbour list gets one (on a shallow view, the caller's batch
     is left alone), so ``atomic_energies`` can always read ``batch.neighbors``.
@@ -149,7 +152,7 @@ def energy_forces_stress(model: ModelWrapper, batch: Batch, compute_stress: bool
         else:
             pos_used = positions
         energies = model.atomic_energies(batch, pos_used, cell)
-        energy = per_system_sum(energies, batch)
+        energy = (sum_systems or per_system_sum)(energies, batch)
         # A double-backward graph only for force training (opt-in): MD and inference never need it.
         create_graph = grad_enabled and getattr(model, "force_training", False)
         grads = torch.autograd.grad(energy.sum(), inputs, create_graph=create_graph)

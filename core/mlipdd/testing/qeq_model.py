@@ -80,7 +80,7 @@ class QEqModel(ModelWrapper):
         )
 
     def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
-        out = energy_forces_stress(self, batch, compute_stress)
+        out = energy_forces_stress(self, batch, compute_stress, sum_systems=self.system_sum)
         out["charges"] = self.last_charges.detach()
         return out
 

@@ -229,6 +229,26 @@ WRONG_CASES = [(name, strategy) for name, strategies in WRONG_UNDER.items() for 
 # the counts alternating so that every model, every strategy and both counts are still run.
 VALIDATED_COUNTS = (2, 3)
 
+# Models the aten dispatch refuses today (a rule it lacks), with the op its refusal names:
+# under aten their validation must fail with that refusal as the diagnosis. A rule that
+# lands makes the case pass, which fails the test until the entry leaves the list.
+ATEN_REFUSES = {
+    "flattened_mean": "aten::mean",  # a mean over the rows: no rule yet (docs/aten_default_flip.md)
+    "charge_mpnn": "aten::index_add_",  # self.readout.new_zeros(n).index_add_(...): a plain accumulator
+    "whole_system_mpnn": "aten::mean",
+}
+
+
+def refused_by_aten_as_listed(name: str, report) -> bool:
+    """Under the aten dispatch, a listed model's validation fails with its refusal (the op and
+    the fix); False for any other model or dispatch."""
+    if report.dispatch != "aten" or name not in ATEN_REFUSES:
+        return False
+    assert not report.ok, f"{name} now passes under aten: remove it from ATEN_REFUSES"
+    assert f"the aten dispatch refused `{ATEN_REFUSES[name]}" in report.diagnosis, report.summary()
+    assert report.next_action.endswith("then re-validate") and "Fix" not in report.next_action
+    return True
+
 
 def in_turn(cases: list[tuple[str, str]]) -> list[tuple[str, str, int]]:
     """Each (model, strategy) at one rank count; neighbours in the list at different ones,
@@ -328,6 +348,8 @@ def test_a_wrong_model_on_a_too_small_sample_is_not_passed_as_exact(name):
 def test_an_idiom_the_dispatch_reduces_over_ranks_validates_as_exact(name, strategy):
     factory = functools.partial(WRONG_MODELS[name], cutoff=4.0)
     report = trace_and_validate(factory, world_size=2, strategy=strategy, max_attempts=1)
+    if refused_by_aten_as_listed(name, report):
+        return
     assert report.ok and report.conclusive, report.summary()
 
 
@@ -335,6 +357,10 @@ def test_an_idiom_the_dispatch_reduces_over_ranks_validates_as_exact(name, strat
 def test_wrong_models_never_pass_on_the_default_sample(name, strategy, world_size):
     factory = functools.partial(WRONG_MODELS[name], cutoff=4.0)
     report = trace_and_validate(factory, world_size=world_size, strategy=strategy, max_attempts=2)
+    if report.ok:  # a dispatch with an exact rule for the idiom: then it must be exact elsewhere too
+        assert report.conclusive, report.summary()
+        _assert_exact_on_another_sample(factory, world_size, strategy, report.dispatch)
+        return
     assert _refused_or_failed(report), report.summary()
     assert report.diagnosis and report.next_action
     last = report.last
@@ -346,6 +372,16 @@ def test_wrong_models_never_pass_on_the_default_sample(name, strategy, world_siz
         assert any(op in report.diagnosis for op in named), report.summary()
 
 
+def _assert_exact_on_another_sample(factory, world_size, strategy, dispatch):
+    """Passing validation means exact: the same model on a cell of other positions (another
+    rattle of the default cell), against one process at 1e-10."""
+    from mlipdd.testing.conformance import check_conformance
+
+    batch = default_sample(factory(), world_size, seed=11)
+    result = check_conformance(factory, batch, world_size, config_kwargs={"strategy": strategy, "dispatch": dispatch})
+    result.assert_close(energy=1e-10, forces=1e-10, stress=1e-10)
+
+
 # ---- right models pass, conclusively --------------------------------------------------------
 
 
@@ -353,6 +389,8 @@ def test_wrong_models_never_pass_on_the_default_sample(name, strategy, world_siz
                          in_turn([(name, strategy) for name in sorted(RIGHT_MODELS) for strategy in ("halo", "sharded")]))
 def test_right_models_pass_conclusively_on_the_default_sample(name, strategy, world_size):
     report = trace_and_validate(RIGHT_MODELS[name], world_size=world_size, strategy=strategy)
+    if refused_by_aten_as_listed(name, report):
+        return
     assert report.ok, report.summary()
     assert report.conclusive and report.warnings == []
     assert len(report.coverage[0]) == world_size

@@ -165,6 +165,16 @@ def toggle_owned_only_forces(report: ValidationReport, spec: MLIPSpec):
     return spec.replace(owned_only_outputs=spec.owned_only_outputs | {"forces"})
 
 
+# NOTE [auto-fix under aten]
+# The aten dispatch (halo and sharded storage) places every tensor itself: the policy's
+# scatter / gather / system_reductions and the spec's all_reduce_outputs /
+# owned_only_outputs are not read there, so a rule that changes them would only rerun the
+# same answer. What the aten dispatch reports is a refusal naming the op and its fix (the
+# translator turns it into the diagnosis) or a wrong answer from what it took on the
+# model's word (the rank trace names it); of the rules, only the one that answers the
+# strategy's own refusal of the policy applies there.
+PLACEMENT_RULES: tuple[Rule, ...] = (use_the_strategy_policy,)
+
 AUTOFIX_RULES: tuple[Rule, ...] = (
     use_the_strategy_policy,
     route_sharded_reads_and_scatters,
@@ -175,6 +185,11 @@ AUTOFIX_RULES: tuple[Rule, ...] = (
     swap_halo_correction_for_local,
     toggle_owned_only_forces,
 )
+
+
+def rules_for(report: ValidationReport) -> tuple[Rule, ...]:
+    """The rules that can change the outcome of the report's runs (NOTE [auto-fix under aten])."""
+    return PLACEMENT_RULES if report.placements_decide else AUTOFIX_RULES
 
 
 def describe_change(old: MLIPSpec, new: MLIPSpec) -> str:

@@ -210,13 +210,19 @@ def _mark(outputs, origin: str) -> None:
             pass
 
 
-def watched_model(model_factory, trace_slot: list):
-    """``model_factory()`` as a wrapper whose forward runs under a `RankOpTrace`, appended
-    to ``trace_slot`` (the worker reads it after the distributed forward)."""
+def watched_model(model_factory, trace_slot: list, dispatch: str = "torch_function"):
+    """``model_factory()`` as a wrapper whose forward runs under the trace of ``dispatch``
+    (a `RankOpTrace`, or under the aten dispatch an `AtenRuleTrace`), appended to
+    ``trace_slot`` (the worker reads it after the distributed forward)."""
     from mlipdd.testing.conformance import build_model
 
     model = build_model(model_factory)
-    trace = RankOpTrace()
+    if dispatch == "aten":
+        from mlipdd.validate.aten_trace import AtenRuleTrace
+
+        trace = AtenRuleTrace()
+    else:
+        trace = RankOpTrace()
     trace_slot.append(trace)
     forward = model.forward
 
@@ -252,6 +258,13 @@ _IDIOMS = (
     (("torch.arange over every row (ghost rows too)",),
      ("indices over every row (self-loops from torch.arange(n_atoms)) include the ghost rows under "
      "halo storage")),
+    (("torch.arange over every row (sized by this rank's rows)",
+      "torch.linspace over every row (sized by this rank's rows)"),
+     ("a tensor sized by this rank's row count (torch.arange(n_atoms), torch.arange(n_edges)) holds "
+      "other values than in one process: self-loops, positions in a table, per-row numbers")),
+    (tuple(f"torch.{name} over every row (sized by this rank's rows)" for name in ("randn", "rand", "randperm",
+                                                                                   "randint")),
+     "random numbers drawn for this rank's rows: one process draws other numbers for the same atoms"),
     (("torch.bincount over every row (ghost rows too)",),
      ("a count per atom by torch.bincount(index, minlength=n_atoms) counts this rank's edges only, "
      "and a ghost atom's edges to other ranks' atoms are not among them (count with "
@@ -262,6 +275,12 @@ _IDIOMS = (
 def idiom_of(suspect: str) -> str | None:
     """The idiom a suspect (``"op (why)"``) usually stands for, or None."""
     name, _, why = suspect.partition(" (")
+    if why.startswith("declared row-local"):
+        return (f"`{name}` declared row-local (mlipdd.shard.aten.declare_row_local) although its output rows "
+                "depend on other rows")
+    if "as_atom_rows" in why:
+        return ("rows declared with mlipdd.shard.as_atom_rows whose values are not exact on each rank "
+                "(computed on mlipdd.shard.local rows that miss other ranks' atoms or edges)")
     if suspect.startswith("torch."):
         name = suspect
     elif name in _INDEX_READS and "picked by their position" in why:
@@ -274,12 +293,17 @@ def idiom_of(suspect: str) -> str | None:
     return None
 
 
-def suspects_advice(wrong: str, suspects: dict[str, int]) -> tuple[str, str]:
-    """``(diagnosis, next action)`` for a wrong answer after ops on rows without a rule."""
+def suspects_advice(wrong: str, suspects: dict[str, int], dispatch: str = "torch_function") -> tuple[str, str]:
+    """``(diagnosis, next action)`` for a wrong answer after ops on rows without a rule
+    (under the aten dispatch: after what it took on the model's word, `AtenRuleTrace`)."""
     ops = ", ".join(f"`{op}`" for op in suspects)
     idioms = list(dict.fromkeys(i for i in map(idiom_of, suspects) if i))
-    diagnosis = (f"wrong {wrong}; these ops ran on atom or edge rows without a dispatch rule, so each "
-                 f"rank applied them to its own rows alone: {ops}")
+    if dispatch == "aten":
+        diagnosis = (f"wrong {wrong}; the aten dispatch took these on the model's word (a declaration or a "
+                     f"tensor sized by this rank's rows), and they are not exact per rank: {ops}")
+    else:
+        diagnosis = (f"wrong {wrong}; these ops ran on atom or edge rows without a dispatch rule, so each "
+                     f"rank applied them to its own rows alone: {ops}")
     if idioms:
         diagnosis += ". Likely idiom: " + "; ".join(idioms)
     action = ("rewrite those steps with ops that have an exact rule (sum/mean/amax/amin/softmax/"

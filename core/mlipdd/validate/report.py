@@ -70,6 +70,8 @@ class ValidationReport:
     attempts: list[Attempt] = field(default_factory=list)
     world_size: int = 2
     strategy: str = "halo"  # the decomposition strategy the ranks ran
+    dispatch: str = ""  # the ShardTensor dispatch they ran ("aten" / "torch_function"; NOTE [choosing the dispatch])
+    placements_decide: bool = False  # the aten form of halo / sharded: NOTE [auto-fix under aten]
     diffs: dict[str, OutputDiff] = field(default_factory=dict)
     handlers_fired: dict[str, int] = field(default_factory=dict)
     coverage: list = field(default_factory=list)  # per sample, a `RankView` per rank (last attempt)
@@ -109,6 +111,8 @@ class ValidationReport:
         head = f"validation {status} in {n} {plural} on {self.world_size} ranks ({self.strategy} strategy)"
         head += f" (spec {spec_name!r})" if spec_name else ""
         lines = [head + (": not conclusive, see the warning" if self.ok and not self.conclusive else "")]
+        if self.dispatch:
+            lines.append(f"dispatch: {self.dispatch}")
         lines += [f"WARNING: {warning}" for warning in self.warnings]
         fixes = self.fixes_applied
         lines.append("auto-fix applied: none" if not fixes else "auto-fix applied:")
@@ -121,7 +125,10 @@ class ValidationReport:
             width = max(len(name) for name in self.diffs)
             lines += [f"  {name:<{width}}  {diff}" for name, diff in self.diffs.items()]
         fired = ", ".join(f"{k}={v}" for k, v in sorted(self.handlers_fired.items())) or "none"
-        lines.append(f"handlers fired (all ranks): {fired}")
+        if self.dispatch == "aten":
+            lines.append(f"aten rules fired (all ranks): {fired}")
+        else:
+            lines.append(f"handlers fired (all ranks): {fired}")
         lines.append(f"opaque custom ops: {', '.join(self.opaque_ops) or 'none'}")
         if self.coverage:
             from mlipdd.validate.coverage import coverage_line

@@ -17,7 +17,7 @@ import torch
 
 from mlipdd.data import InputError
 from mlipdd.validate.attempt import default_tolerances, run_attempt
-from mlipdd.validate.autofix import AUTOFIX_RULES, describe_change
+from mlipdd.validate.autofix import describe_change, rules_for
 from mlipdd.validate.coverage import coverage_warning, default_samples
 from mlipdd.validate.cuda_check import cuda_check
 from mlipdd.validate.op_trace import OpTrace
@@ -58,6 +58,29 @@ def initial_spec(model, strategy: str, spec=None):
     return preset[1], f"the {strategy} default {preset[0]}"
 
 
+PLACEMENTS_NOTE = ("under the aten dispatch each tensor's placement decides what crosses ranks: the policy's "
+                   "scatter / gather / system_reductions and the spec's all_reduce_outputs / owned_only_outputs "
+                   "are not read (the auto-fix rules that change them are skipped)")
+
+
+def run_dispatch(model, strategy: str, world_size: int, dispatch: str | None = None) -> tuple[str, bool]:
+    """``(dispatch, placements decide)``: the dispatch a real run of ``model`` under
+    ``strategy`` at ``world_size`` ranks uses (NOTE [choosing the dispatch]; ``dispatch``
+    forces one, as ``DomainConfig.dispatch`` does), and whether the strategy class that
+    runs then reads the spec's scatter / reduction fields (False) or goes by placements."""
+    from mlipdd.distributed.config import DomainConfig
+    from mlipdd.plugins import get_strategy
+    from mlipdd.strategy.aten_halo import AtenHaloStrategy
+    from mlipdd.strategy.aten_sharded import AtenShardedStrategy
+    from mlipdd.strategy.dispatch import dispatch_for, strategy_for_dispatch
+
+    config = DomainConfig(cutoff=float(model.cutoff), strategy=strategy, dispatch=dispatch)
+    cls = get_strategy(strategy)
+    name = dispatch_for(config, cls, model, world_size)
+    runs = strategy_for_dispatch(cls, config, model, world_size)
+    return name, issubclass(runs, (AtenHaloStrategy, AtenShardedStrategy)) and world_size > 1
+
+
 def _spec_key(spec) -> str:
     try:
         return json.dumps(spec.to_dict(), sort_keys=True, default=str)
@@ -76,7 +99,7 @@ def _fail(report: ValidationReport, error: BaseException, stage: str) -> Validat
 
 def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: int = 2, spec=None,
                        max_attempts: int = 4, tolerances: dict | None = None, device=None,
-                       timeout: float = 300.0, strategy="halo") -> ValidationReport:
+                       timeout: float = 300.0, strategy="halo", dispatch: str | None = None) -> ValidationReport:
     """Check that ``model_factory()`` runs distributed exactly as single-process.
 
     ``strategy``: ``"halo"`` (default), ``"sharded"`` or ``"graph_partition"`` (or a
@@ -87,8 +110,12 @@ def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: i
     checked) in which some rank sees every atom is run too, with a warning in the report
     that a pass there is not conclusive. ``model_factory`` must
     be picklable (a module-level function, or ``functools.partial`` of a class) because
-    each spawned rank calls it. Returns a `ValidationReport`; when ``report.ok``,
-    ``report.spec`` is ready for ``save``.
+    each spawned rank calls it. ``dispatch``: the ShardTensor dispatch (``"aten"`` or
+    ``"torch_function"``); None picks the one a real run of this model under this
+    strategy would (`mlipdd.strategy.dispatch.dispatch_for`: ``MLIPDD_DISPATCH``, the
+    model's ``needs_dispatch``, the strategy's default), so what passes here is what
+    runs. Returns a `ValidationReport`; when ``report.ok``, ``report.spec`` is ready
+    for ``save``.
     """
     report = ValidationReport(world_size=world_size, strategy=str(getattr(strategy, "value", strategy)))
     try:
@@ -105,6 +132,10 @@ def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: i
             samples = list(sample_batch) if isinstance(sample_batch, (list, tuple)) else [sample_batch]
     except Exception as exc:  # noqa: BLE001 - reported, not raised: the report is the answer
         return _fail(report, exc, "model factory")
+    try:
+        report.dispatch, report.placements_decide = run_dispatch(model, report.strategy, world_size, dispatch)
+    except InputError as exc:
+        return _fail(report, exc, "dispatch choice")
     batch = samples[0]
     report.tolerances = {**default_tolerances(batch.dtype), **(tolerances or {})}
     trace = OpTrace()
@@ -137,6 +168,8 @@ def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: i
     except InputError as exc:
         return _fail(report, exc, "spec choice")
     report.notes.append(f"initial spec {candidate.name or '(unnamed)'!r} from {source}")
+    if report.placements_decide:
+        report.notes.append(PLACEMENTS_NOTE)
     if sample_batch is None:
         where = (f", run in {len(samples)} positions along the cut axis (each atom out of some rank's sight "
                  "in one)") if len(samples) > 1 else ""
@@ -159,13 +192,13 @@ def _attempt_loop(report, spec, model_factory, samples, references, max_attempts
     for number in range(1, max(1, max_attempts) + 1):
         attempt = run_attempt(number, change, spec, model_factory, samples, references,
                               report.world_size, report.tolerances,
-                              config_kwargs={"strategy": report.strategy}, timeout=timeout,
-                              holds_all=whole_system(report.strategy))
+                              config_kwargs={"strategy": report.strategy, "dispatch": report.dispatch},
+                              timeout=timeout, holds_all=whole_system(report.strategy))
         report.attempts.append(attempt)
         if attempt.ok:
             return
         proposal = None
-        for rule in AUTOFIX_RULES:
+        for rule in rules_for(report):
             candidate = rule(report, spec)
             if candidate is not None and _spec_key(candidate) not in tried:
                 proposal = (rule.__name__, candidate)
@@ -221,7 +254,15 @@ def _conclude(report: ValidationReport, max_attempts: int) -> None:
                               "GatherInputs(), per-atom partial outputs ScatterOutputs(), per-rank "
                               "partial sums AllReduceSum()")
     elif last.unruled_suspects:
-        report.diagnosis, report.next_action = suspects_advice(wrong, last.unruled_suspects)
+        report.diagnosis, report.next_action = suspects_advice(wrong, last.unruled_suspects, report.dispatch)
+    elif report.dispatch == "aten":
+        report.diagnosis = (f"wrong {wrong} after {len(report.attempts)} attempt(s), although every op on "
+                            "distributed rows ran through an aten rule")
+        report.next_action = (
+            "look for what the dispatch cannot see: computations on mlipdd.shard.local(...) tensors, plain "
+            "tensors built from Python numbers of this rank (len(batch), .tolist()), custom ops and their "
+            "OpAdapters, and values passed between calls outside the batch; then re-validate"
+        )
     elif report.unhandled_aggregations:
         ops = ", ".join(report.unhandled_aggregations)
         report.diagnosis = f"wrong {wrong}; the model accumulates rows with {ops}, which has no {report.strategy} rule"

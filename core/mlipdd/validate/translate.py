@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from mlipdd.validate.op_trace import op_attribute_path
 from mlipdd.validate.strategies import strategy_preset
 
-_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Failure|Warning|Interrupt)[\w]*): (.*)$")
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Failure|Warning|Interrupt|Refusal)[\w]*): (.*)$")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
 
 # frames that belong to the machinery, not to the model under validation
@@ -86,6 +86,30 @@ def _dropped_rebind(message: str, ctx: Context):
         "scatter returns a new tensor and the old accumulator is stale",
         f"rebind: x = x.{op}(...) instead of x.{op}(...) on its own, then re-validate",
     )
+
+
+_ATEN_REFUSAL = re.compile(r"aten dispatch refuses `([^`]+)` on distributed rows: (.*)$")
+
+
+def _aten_refusal(message: str, ctx: Context):
+    """An aten refusal names the op, why, the tensors (placement, shape, origin) and the fix;
+    the diagnosis keeps all but the fix, with the model's line, and the fix is the next action."""
+    match = _ATEN_REFUSAL.search(message)
+    if match is None:
+        return None
+    op, rest = match.groups()
+    body, _, fix = rest.rpartition(" Fix: ")
+    if not body:
+        body, fix = rest, ""
+    why, _, arguments = body.partition(". Arguments: ")
+    where = f" at {ctx.where}" if ctx.where else ""
+    seen = f" (arguments: {arguments.rstrip('.')})" if arguments else ""
+    dotted = op.replace("::", ".")
+    custom = [name for name in ctx.opaque_ops if dotted in (name.replace("::", "."), name.replace("::", ".").rpartition(".")[0])]
+    diagnosis = f"the aten dispatch refused `{custom[0] if custom else op}`{where} on every rank: {why.rstrip('.')}{seen}"
+    if custom:  # a custom op: the advice writes its OpAdapter out
+        return _pair(diagnosis, opaque_op_advice(custom)[1])
+    return _pair(diagnosis, f"{fix.rstrip('.') or 'rewrite that step with ops that have a rule'}; then re-validate")
 
 
 def _non_finite_input(message: str, ctx: Context):
@@ -219,7 +243,7 @@ def _unknown_model(message: str, ctx: Context):
     )
 
 
-PATTERNS = (_unknown_model, _unknown_strategy, _dropped_rebind, _non_finite_input, _non_finite_output,
+PATTERNS = (_unknown_model, _unknown_strategy, _aten_refusal, _dropped_rebind, _non_finite_input, _non_finite_output,
             _unknown_element, _cutoff, _wrong_policy, _partition_unaware, _rows_out_of_bounds, _hang, _opaque_op)
 
 

@@ -118,5 +118,13 @@ s11_d)  # carry .whl_warp3: warp whole; AIMNet2 vs aimnet's calculator; aten dis
     S 150 python3 benchmarks/dispatch_cost_aten.py --device cuda --atoms 27000 --models lj,mace --ranks 2 \
         --rank-models lj,mace --repeats 7 --out "$RES" --name dispatch_cost_aten_h200
     ;;
+s11_e)  # carry .whl_mace .whl_tad (a fresh machine, no nvalchemiops or warp: PME on its torch splines): D3 97k, 1M; PME on the GPU
+    S 150 python3 benchmarks/d3_memory.py --device cuda --reps 23 --chunks 524288,0 --dtype float32 \
+        --out "$RES" --name d3_memory_h200_97k
+    S 200 python3 benchmarks/d3_memory.py --device cuda --reps 50 --chunks 524288,0 --dtype float32 \
+        --out "$RES" --name d3_memory_h200_1M
+    PME_GPU_STACKS=$RES S 200 python3 benchmarks/pme_gpu.py --sizes 100000,1000000 --rows pme_dist_1 \
+        --row-timeout 60 --machine "$machine" --name pme_gpu_dist_h200 --out-dir "$RES"
+    ;;
 esac
 ls -l "$OUT"

@@ -312,3 +312,29 @@ def test_cli_unknown_model_is_one_line_of_bad_input(capsys):
     err = capsys.readouterr().err
     assert "unknown model 'no_such_model'" in err and "mlipdd plugins" in err
     assert len(err.strip().splitlines()) == 1
+
+
+# ---- what the aten dispatch takes on the model's word ------------------------------------------
+
+
+class DeclaredRunningSum(ToyMPNN):
+    """ToyMPNN plus a running sum of the atomic energies over this rank's rows, declared as
+    atom rows: exact in one process, wrong across ranks, and no rule can see it (NOTE
+    [declared rows])."""
+
+    def atomic_energies(self, batch, positions, cell):
+        from mlipdd.shard import as_atom_rows, local
+
+        energies = super().atomic_energies(batch, positions, cell)
+        running = torch.cumsum(local(energies), 0)
+        return energies + 0.01 * as_atom_rows(running, energies)
+
+
+def test_a_wrong_declaration_fails_and_is_named():
+    report = trace_and_validate(functools.partial(DeclaredRunningSum, cutoff=4.5, species=(18,)))
+    assert not report.ok and report.spec is None, report.summary()
+    assert report.diagnosis and report.next_action
+    if report.dispatch == "aten":  # the rank trace names the declaration the dispatch took on trust
+        assert report.last.error is None and not report.last.diffs["energy"].ok
+        assert "as_atom_rows" in report.diagnosis and "as_atom_rows only for" in report.next_action, report.summary()
+        assert "taken on the model's word (all ranks)" in report.summary()

@@ -306,6 +306,13 @@ def suspects_advice(wrong: str, suspects: dict[str, int], dispatch: str = "torch
                      f"rank applied them to its own rows alone: {ops}")
     if idioms:
         diagnosis += ". Likely idiom: " + "; ".join(idioms)
+    if dispatch == "aten":
+        return diagnosis, (
+            "check each of them: as_atom_rows only for values exact on each rank by construction (pairs of one "
+            "receiver's edges, a receiver's own neighbour table), declare_row_local only for ops whose row i "
+            "depends on row i alone, sizes from a sum over the rows (torch.ones_like(x).sum(0)) rather than "
+            "x.shape; otherwise compute the step with ops that have a rule (index_select / index_add by the "
+            "edge index, sums over the rows, row-local math), then re-validate")
     action = ("rewrite those steps with ops that have an exact rule (sum/mean/amax/amin/softmax/"
               "logsumexp/var/std over dim 0 of atom or edge rows, index_add/scatter_add into atom rows or "
               "per-system rows) or run the model under the graph_partition strategy")

@@ -142,7 +142,8 @@ class ValidationReport:
         suspects = self.last.unruled_suspects
         if suspects and not self.ok:
             listed = ", ".join(f"{op} x{count}" for op, count in suspects.items())
-            lines.append(f"ops on rows without a rule (all ranks): {listed}")
+            what = "taken on the model's word" if self.dispatch == "aten" else "ops on rows without a rule"
+            lines.append(f"{what} (all ranks): {listed}")
         lines += [f"note: {note}" for note in self.notes]
         if self.diagnosis:
             lines.append(f"Diagnosis: {self.diagnosis}")

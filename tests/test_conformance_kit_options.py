@@ -1,6 +1,7 @@
 """The conformance kit's pytest option: ``--mlipdd-world-sizes`` sets the rank counts of
-every `conformance_suite`; without it each suite keeps its own. Collection only: no
-ranks are spawned here (the suites themselves run in the plugins' tests)."""
+every `conformance_suite`; without it each suite keeps its own. Collection only (the
+suites themselves run in the plugins' tests), except one launch of 2 ranks showing that a
+wrong model fails every cell of a suite."""
 
 pytest_plugins = ["pytester"]
 
@@ -39,3 +40,23 @@ def test_a_bad_value_names_the_fix(pytester):
     result = _collect(pytester, "--mlipdd-world-sizes=two")
     assert result.ret != 0
     assert "write e.g. --mlipdd-world-sizes=2,3,4" in result.stdout.str() + result.stderr.str()
+
+
+def other_weights_on_ranks():
+    """A model whose ranks hold other weights than the reference process: silently wrong."""
+    import torch.distributed as dist
+    from mlipdd.testing.toy_models import ToyMPNN
+
+    return ToyMPNN(seed=1 if dist.is_initialized() else 0)
+
+
+def test_every_cell_of_a_wrong_model_fails():
+    """The suite runs every cell of a rank count in one launch and checks each cell apart:
+    each of them still fails on its own numbers."""
+    import pytest
+    from mlipdd.testing import conformance_suite
+
+    suite = conformance_suite(other_weights_on_ranks, species=(18,), cells=("cubic", "slab"))
+    for cell in ("cubic", "slab"):
+        with pytest.raises(AssertionError, match="2 ranks differ from one process"):
+            suite(cell, world_size=2)

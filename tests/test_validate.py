@@ -338,3 +338,12 @@ def test_a_wrong_declaration_fails_and_is_named():
         assert report.last.error is None and not report.last.diffs["energy"].ok
         assert "as_atom_rows" in report.diagnosis and "as_atom_rows only for" in report.next_action, report.summary()
         assert "taken on the model's word (all ranks)" in report.summary()
+
+
+def test_cli_validate_runs_the_dispatch_asked_for(capsys):
+    args = ["validate", "lj", "--model-arg", "epsilon=0.0104", "--model-arg", "sigma=3.4", "--dispatch", "aten"]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "dispatch: aten" in lines and any(line.startswith("aten rules fired (all ranks): ") for line in lines)
+    assert lines[-1] == ("Next: save the spec: mlipdd validate lj --model-arg epsilon=0.0104 "
+                         "--model-arg sigma=3.4 --dispatch aten --save model_spec.json")

@@ -105,7 +105,7 @@ def _stack_dumps(rank):
         return lambda label: None
     pathlib.Path(folder).mkdir(parents=True, exist_ok=True)
     sink = open(pathlib.Path(folder) / f"pme_stack_rank{rank}.txt", "a")  # noqa: SIM115 - open while the rank runs
-    faulthandler.dump_traceback_later(float(os.environ.get("PME_GPU_STACK_EVERY", 20)), repeat=True, file=sink)
+    faulthandler.dump_traceback_later(float(os.environ.get("PME_GPU_STACK_EVERY", "20")), repeat=True, file=sink)
 
     def mark(label):
         print(f"[{time.perf_counter() - start:8.2f} s] {label}", file=sink, flush=True)

@@ -174,21 +174,20 @@ def test_results_are_float64_numpy_for_a_float64_model(two):
 
 
 @pytest.mark.parametrize("nproc", NPROCS)
-def test_overlapping_atoms_are_named_by_mlipdd_run(tmp_path, nproc):
-    """The same check reaches the CLI (it lives in the input validation), exit 2, one line."""
-    import os
-    import subprocess
-
+def test_overlapping_atoms_are_named_by_mlipdd_run(tmp_path, monkeypatch, capfd, nproc):
+    """The same check reaches the CLI (it lives in the input validation), exit 2, one line.
+    `mlipdd.cli.main` in this process (at 2 ranks it starts real rank processes, which
+    write to this process's stderr): a fresh launcher would only add a torch import
+    (the launcher's own faults are tests/faults/test_fault_launcher.py)."""
     import ase.io
-    from fault_helpers import mlipdd_command
+    from mlipdd.cli import main
 
     atoms = argon()
     atoms.positions[7] = atoms.positions[3]
     ase.io.write(tmp_path / "overlap.xyz", atoms)
-    out = subprocess.run(
-        mlipdd_command("run", "--system", "overlap.xyz", "--steps", "2", "--nproc", str(nproc),
-                       "--device", "cpu", "--progress", "off"),
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
-        env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert out.returncode == 2, out.stderr
-    assert "atoms 3 and 7 overlap: 0 A apart" in out.stderr.strip().splitlines()[-1]
+    monkeypatch.chdir(tmp_path)
+    code = main(["run", "--system", "overlap.xyz", "--steps", "2", "--nproc", str(nproc), "--device", "cpu",
+                 "--progress", "off"])
+    err = capfd.readouterr().err
+    assert code == 2, err
+    assert "atoms 3 and 7 overlap: 0 A apart" in err.strip().splitlines()[-1], err

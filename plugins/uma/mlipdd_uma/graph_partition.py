@@ -100,6 +100,58 @@ def gp_wigner(original, edge_distance_vecs, *args, gamma=None, **kwargs):
     return original(edge_distance_vecs, *args, gamma=gamma, **kwargs)
 
 
+# NOTE [MoLE under the aten dispatch]
+# A mixture-of-experts backbone (released UMA-S) mixes one expert weight per system and
+# applies it to that system's edge rows: `set_MOLE_sizes` counts each system's edges
+# (an in-place ``scatter_(reduce="add")`` into a per-system table, which the aten
+# dispatch would make a count over ALL ranks' edges) and `MOLE.forward` slices the edge
+# rows by those counts (Python ints of this rank). Under the aten dispatch the system of
+# each edge is kept instead, as edge rows (``batch_full[receiver]``), and each system's
+# weight is applied where the edge belongs to it: row-local ops the rules know, and the
+# gradient of the replicated weights sums over ranks by the rules. One system: one linear.
+def _is_aten(t) -> bool:
+    from mlipdd.shard.aten import ShardTensor
+
+    return isinstance(t, ShardTensor)
+
+
+def aten_set_mole_sizes(original, self, nsystems, batch_full, edge_index):
+    """`eSCNMDMoeBackbone.set_MOLE_sizes` under the aten dispatch (NOTE [MoLE under the aten dispatch])."""
+    if not _is_aten(edge_index) or self.num_experts == 0:
+        return original(self, nsystems, batch_full, edge_index)
+    from mlipdd.shard.aten.tensor import unwrap
+
+    edge_system = batch_full[edge_index[1]]  # edge rows: the system of each edge
+    plain = unwrap(edge_system)
+    local_sizes = torch.zeros(nsystems, dtype=torch.int, device=plain.device).index_add_(
+        0, plain, torch.ones_like(plain, dtype=torch.int))
+    self.global_mole_tensors.mole_sizes = local_sizes.cpu()  # this rank's counts, for fairchem's own readers
+    self.global_mole_tensors.mlipdd_edge_system = edge_system
+
+
+def aten_mole_forward(original, self, x):
+    """`MOLE.forward` under the aten dispatch: each system's mixed weight on its own edge rows."""
+    edge_system = getattr(self.global_mole_tensors, "mlipdd_edge_system", None)
+    if not _is_aten(x) or edge_system is None:
+        return original(self, x)
+    from fairchem.core.models.uma.nn.matmul import linear_with_folded_batch
+    from mlipdd.shard.aten import AtenRefusal
+
+    if self.global_mole_tensors.ac_start_idx != 0:
+        raise AtenRefusal("MOLE under the aten dispatch: activation-checkpoint chunks of the edge rows; "
+                          "Fix: load the model with activation checkpointing off (mlipdd's loaders do)")
+    with torch.autocast(device_type=self.weights.device.type, enabled=False):
+        weights = torch.einsum("eoi, be->boi", self.weights, self.global_mole_tensors.expert_mixing_coefficients)
+    if weights.shape[0] == 1:
+        return linear_with_folded_batch(x, weights[0], bias=self.bias)
+    out = None
+    for n in range(weights.shape[0]):
+        y = linear_with_folded_batch(x, weights[n], bias=self.bias)
+        mine = (edge_system == n).reshape(-1, *([1] * (y.dim() - 1)))
+        out = torch.where(mine, y, torch.zeros_like(y) if out is None else out)
+    return out
+
+
 ESCN_MD = "fairchem.core.models.uma.escn_md"
 
 
@@ -118,6 +170,10 @@ def graph_partition_helpers() -> tuple:
         PythonAdapter(ESCN_MD, "balance_channels_batched", f"{here}:gp_balance_channels",
                       pass_original=True),
         PythonAdapter(ESCN_MD, "axis_angle_wigner_hybrid", f"{here}:gp_wigner", pass_original=True),
+        MethodAdapter(module_path="fairchem.core.models.uma.escn_moe", class_name="eSCNMDMoeBackbone",
+                      method_name="set_MOLE_sizes", replacement=f"{here}:aten_set_mole_sizes"),
+        MethodAdapter(module_path="fairchem.core.models.uma.nn.mole", class_name="MOLE", method_name="forward",
+                      replacement=f"{here}:aten_mole_forward"),
     )
 
 

@@ -23,12 +23,27 @@ What it cannot see, and what these adapters replace while a distributed forward 
 
 Each replacement falls back to the original when its input is a plain tensor (one
 rank gets plain tensors), so installing them is harmless outside halo runs.
+
+# NOTE [UMA under the aten dispatch]
+Under ``dispatch="aten"`` the rows are `mlipdd.shard.aten.ShardTensor`s, whose rules
+keep in-place scatters in place and reduce per-system sums themselves: fairchem's own
+edge -> node scatter, `reduce_node_to_system` and `balance_channels_batched` run as
+written. Three adapters stay: the graph (open boundaries on the padded rows, owned
+receivers; its edge count becomes the forward's, `set_edge_count`), the positions
+(ghosts stay at their images) and the virial, which needs each ghost row's OWN image
+coordinate times its share of the gradient; per-row placements cannot say that (a ghost
+row of positions is an image, not a copy), so it is summed on this rank's plain rows
+and all-reduced: the total virial, replicated (the aten consolidation takes it as is).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from mlipdd.shard import ShardTensor, as_edge_rows, halo_correct, local
+from mlipdd.shard.aten import ShardTensor as AtenShardTensor
+from torch.utils._python_dispatch import _disable_current_modes
 
 FUSED_BACKEND_MESSAGE = (
     "the UMA execution backend {name} fuses the edge->node scatter into one kernel, which the "
@@ -39,6 +54,10 @@ FUSED_BACKEND_MESSAGE = (
 
 def _is_shard(t) -> bool:
     return isinstance(t, ShardTensor)
+
+
+def _is_aten(t) -> bool:
+    return isinstance(t, AtenShardTensor)
 
 
 # ---- graph -------------------------------------------------------------------------------
@@ -56,8 +75,8 @@ def padded_radius_graph(backbone, pos: torch.Tensor, system: torch.Tensor, cell:
 
     from mlipdd_uma.inputs import UMAInputs
 
-    n_owned = pos.meta.n_owned
-    plain_system = local(system)
+    n_owned = pos._ctx.n_owned if _is_aten(pos) else pos.meta.n_owned
+    plain_system = local(system).detach()
     order = torch.argsort(plain_system, stable=True)
     counts = torch.bincount(plain_system, minlength=n_systems)
     no_pbc = torch.zeros((n_systems, 3), dtype=torch.bool, device=plain_system.device)
@@ -83,22 +102,13 @@ def padded_radius_graph(backbone, pos: torch.Tensor, system: torch.Tensor, cell:
 def halo_generate_graph(original, self, data_dict):
     """`eSCNMDBackbone._generate_graph` for padded rows (see the module docstring)."""
     pos = data_dict["pos"]
+    if _is_aten(pos):
+        return _aten_generate_graph(self, data_dict)
     if not _is_shard(pos):
         return original(self, data_dict)
-    from fairchem.core.common import gp_utils
     from fairchem.core.models.uma.escn_md import add_n_empty_edges
 
-    if gp_utils.initialized():
-        raise RuntimeError(
-            "fairchem graph parallelism is initialised in this process, but the halo strategy "
-            "partitions space itself; run the halo strategy without fairchem's gp_utils groups"
-        )
-    if getattr(self, "num_experts", 0) and getattr(self, "use_composition_embedding", False):
-        raise NotImplementedError(
-            "this UMA backbone routes its mixture of experts by each system's composition, which "
-            "the halo adapters do not reduce across ranks yet (a rank would route by its owned + "
-            "ghost atoms); run it with strategy='graph_partition', which sees the whole system"
-        )
+    _check_halo_backbone(self)
     n_systems = int(data_dict["natoms"].shape[0])
     edge_index = padded_radius_graph(self, pos, data_dict["batch"], data_dict["cell"], n_systems)
     # edge vectors from the ShardTensor positions, so autograd reaches ghosts and owners
@@ -111,6 +121,44 @@ def halo_generate_graph(original, self, data_dict):
     graph = {key: as_edge_rows(value, pos, dim=1 if key == "edge_index" else 0) for key, value in graph.items()}
     data_dict["scatter_target"] = graph["edge_index"][1]
     return graph
+
+
+def _aten_generate_graph(self, data_dict):
+    """NOTE [UMA under the aten dispatch]: the same graph, as edge rows of the aten dispatch."""
+    from mlipdd.shard.aten import EDGES, AtenRefusal, Rows
+    from mlipdd.shard.aten.graph_partition import set_edge_count
+
+    _check_halo_backbone(self)
+    pos = data_dict["pos"]
+    ctx = pos._ctx
+    n_systems = int(data_dict["natoms"].shape[0])
+    with _disable_current_modes():  # plain bookkeeping: the factory mode would make its zeros ShardTensors
+        plain = padded_radius_graph(self, pos, data_dict["batch"], data_dict["cell"], n_systems)
+    if plain.shape[1] == 0:  # fairchem's fake self-loop would be a row of no rank's edges
+        raise AtenRefusal(
+            "UMA under the aten dispatch: this rank's atoms have no neighbour within the cutoff; "
+            "Fix: fewer ranks for this system, or dispatch='torch_function'")
+    set_edge_count(ctx, plain.shape[1])
+    edge_index = AtenShardTensor(plain, Rows(1, EDGES, values="atoms"), ctx, "UMA's halo graph")
+    vec = pos[edge_index[0]] - pos[edge_index[1]]  # edge rows, differentiable to owners and ghosts
+    data_dict["scatter_target"] = edge_index[1]
+    return {"edge_index": edge_index, "edge_distance": torch.linalg.norm(vec, dim=-1), "edge_distance_vec": vec}
+
+
+def _check_halo_backbone(self) -> None:
+    from fairchem.core.common import gp_utils
+
+    if gp_utils.initialized():
+        raise RuntimeError(
+            "fairchem graph parallelism is initialised in this process, but the halo strategy "
+            "partitions space itself; run the halo strategy without fairchem's gp_utils groups"
+        )
+    if getattr(self, "num_experts", 0) and getattr(self, "use_composition_embedding", False):
+        raise NotImplementedError(
+            "this UMA backbone routes its mixture of experts by each system's composition, which "
+            "the halo adapters do not reduce across ranks yet (a rank would route by its owned + "
+            "ghost atoms); run it with strategy='graph_partition', which sees the whole system"
+        )
 
 
 # ---- message passing ---------------------------------------------------------------------
@@ -178,6 +226,8 @@ def halo_forces_and_stress(original, energy_part, pos, cell, batch, training=Tru
     copies carry their own coordinates (their images), so each rank sums all its padded
     rows; the ranks' partials add up to the single-process virial.
     """
+    if _is_aten(pos):
+        return _aten_forces_and_stress(energy_part, pos, cell, batch, training)
     if not _is_shard(pos):
         return original(energy_part, pos, cell, batch, training)
     grad_pos, grad_cell = torch.autograd.grad(
@@ -197,9 +247,45 @@ def halo_forces_and_stress(original, energy_part, pos, cell, batch, training=Tru
     return -grad_pos, stress
 
 
+def _aten_forces_and_stress(energy_part, pos, cell, batch, training):
+    """NOTE [UMA under the aten dispatch]: forces as the dispatch's gradient (shares: the
+    strategy sums them into owners), the virial of this rank's rows all-reduced."""
+    from mlipdd.shard.aten import SHARES, AtenRefusal
+    from mlipdd.shard.aten.comm import all_reduce
+
+    grad_pos, grad_cell = torch.autograd.grad([energy_part.sum()], [pos, cell], create_graph=training,
+                                              allow_unused=True)
+    if not (_is_aten(grad_pos) and getattr(grad_pos._place, "kind", None) == SHARES):
+        raise AtenRefusal(
+            f"UMA's virial under the aten dispatch needs the position gradient as shares by row, got "
+            f"{getattr(grad_pos, '_place', 'a plain tensor')}; Fix: dispatch='torch_function'")
+    g, x = grad_pos._local.detach(), pos._local.detach()
+    n_systems = cell.shape[0]
+    per_row = (g.unsqueeze(2) * x.unsqueeze(1)).reshape(-1, 9).to(torch.float64)
+    rows_virial = torch.zeros((n_systems, 9), dtype=torch.float64, device=g.device)
+    rows_virial = rows_virial.index_add(0, local(batch).detach(), per_row)
+    pos_virial = all_reduce(rows_virial, pos._ctx.group).reshape(n_systems, 3, 3)
+    plain_cell = local(cell).detach()
+    cell_virial = 0 if grad_cell is None else plain_cell.mT @ local(grad_cell).detach()
+    virial = (pos_virial + pos_virial.mT + cell_virial + (cell_virial.mT if grad_cell is not None else 0)) / 2
+    volume = torch.det(plain_cell).abs().reshape(-1, 1, 1)
+    return -grad_pos, (virial / volume).reshape(-1, 9)
+
+
+def halo_wigner(original, edge_distance_vecs, *args, gamma=None, **kwargs):
+    """`axis_angle_wigner_hybrid` under the aten dispatch: fairchem's random roll angle per
+    edge drawn like the edges (``rand_like``), not from their count (``torch.rand(n_edges)``,
+    a replicated tensor the dispatch refuses beside edge rows); the same draw."""
+    if gamma is None and _is_aten(edge_distance_vecs):
+        gamma = torch.rand_like(edge_distance_vecs[:, 0]) * (2 * math.pi)
+    return original(edge_distance_vecs, *args, gamma=gamma, **kwargs)
+
+
 def keep_positions(original, self, positions, cell, pbc, system):
     """`UMAWrapper.place_in_cell` under halo: ghosts stay at their images (owned atoms
     were wrapped by the strategy when it last migrated them)."""
+    if _is_aten(positions):
+        return positions
     if not _is_shard(positions):
         return original(self, positions, cell, pbc, system)
     return positions
@@ -237,4 +323,5 @@ def halo_helpers() -> tuple:
         _function(ESCN_MD, "reduce_node_to_system", "halo_reduce_node_to_system"),
         _function(ESCN_MD, "balance_channels_batched", "halo_balance_channels"),
         _function(ESCN_MD, "compute_forces_and_stress", "halo_forces_and_stress"),
+        _function(ESCN_MD, "axis_angle_wigner_hybrid", "halo_wigner"),
     )

@@ -56,10 +56,6 @@ class UMAWrapper(ModelWrapper):
     "omol", 0 otherwise, as in fairchem).
     """
 
-    # its halo spec reaches linalg_solve under the aten dispatch (graph partition runs it there;
-    # NOTE [choosing the dispatch] in mlipdd.strategy.dispatch)
-    needs_dispatch = "torch_function"
-
     def __init__(self, model: torch.nn.Module, task: str | None = None, charge: int = 0,
                  spin: int | None = None):
         super().__init__()

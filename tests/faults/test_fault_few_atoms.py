@@ -121,20 +121,19 @@ def test_sharded_runs_tiny_systems_like_one_process(case, world_size):
 
 
 # ---- the command line (issue 25 item 11): `mlipdd run --nproc N` on such systems -------------
-def _cli(tmp_path, *flags) -> dict:
+def _cli(capfd, *flags) -> dict:
+    """`mlipdd.cli.main` in this process (with ``--nproc`` it starts real rank processes, which
+    print to this process's stdout): a fresh launcher would only add a torch import."""
     import json
-    import os
-    import subprocess
 
-    from fault_helpers import mlipdd_command
+    from mlipdd.cli import main
 
-    result = subprocess.run(
-        mlipdd_command("run", "--ensemble", "nve", "--steps", "8", "--log-every", "0", "--progress", "off",
-                       "--device", "cpu", "--collective-timeout", "30", "--json", *flags),
-        cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-        timeout=240, check=False)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    capfd.readouterr()
+    code = main(["run", "--ensemble", "nve", "--steps", "8", "--log-every", "0", "--progress", "off",
+                 "--device", "cpu", "--collective-timeout", "30", "--json", *flags])
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    return json.loads(out)
 
 
 @pytest.mark.parametrize(
@@ -144,12 +143,13 @@ def _cli(tmp_path, *flags) -> dict:
         ("lone_atom.xyz", ase.Atoms("Ar", positions=[[0, 0, 0]]), 2),
     ],
 )
-def test_the_cli_runs_a_single_atom_on_ranks_that_get_nothing(tmp_path, name, atoms, nproc):
+def test_the_cli_runs_a_single_atom_on_ranks_that_get_nothing(tmp_path, monkeypatch, capfd, name, atoms, nproc):
     import ase.io
 
     ase.io.write(tmp_path / name, atoms)
-    one = _cli(tmp_path, "--system", name)
-    many = _cli(tmp_path, "--system", name, "--nproc", str(nproc))
+    monkeypatch.chdir(tmp_path)
+    one = _cli(capfd, "--system", name)
+    many = _cli(capfd, "--system", name, "--nproc", str(nproc))
     assert many["ranks"] == nproc and many["atoms_conserved"] and many["n_atoms"] == 1
     assert many["max_force_diff_eV_per_A"] == 0.0
     for key in ("temperature_final_K", "conserved_energy_start_eV", "energy_drift_meV_per_atom"):

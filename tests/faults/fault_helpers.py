@@ -134,3 +134,20 @@ def finish(process: subprocess.Popen, timeout: float) -> int:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         raise AssertionError(f"the launcher was still running {timeout} s later") from None
+
+
+def run_here(capfd, cwd: Path, *args: str) -> tuple[int, str]:
+    """``mlipdd run ARGS`` through `mlipdd.cli.main` in this process, in ``cwd``: (exit code,
+    stderr). With ``--nproc N`` the ranks are real processes (they write to this process's
+    stderr); only the launcher's own interpreter start is saved (a torch import and a plugin
+    load), for cases that are about the ranks' answer, not about the launcher."""
+    from mlipdd.cli import main
+
+    capfd.readouterr()
+    before = os.getcwd()
+    os.chdir(cwd)
+    try:
+        code = main(["run", *args])
+    finally:
+        os.chdir(before)
+    return code, capfd.readouterr().err

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fault_helpers import SMALL_RUN, finish, start_run, stderr_of
+from fault_helpers import SMALL_RUN, run_here
 from mlipdd.app.ensembles import ENSEMBLES
 from mlipdd.cli import main
 from mlipdd.data import InputError
@@ -202,16 +202,14 @@ def test_a_version_2_checkpoint_without_its_checksum_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["flipped-bit", "random-bytes"])
-def test_two_ranks_refuse_a_damaged_restart_in_one_line(damage, tmp_path):
+def test_two_ranks_refuse_a_damaged_restart_in_one_line(damage, tmp_path, capfd):
     path = tmp_path / "state.pt"
     if damage == "flipped-bit":
         _flip_a_bit(_checkpoint(path), 62)
     else:
         _random_bytes(path)
-    launcher = start_run(
-        tmp_path, *SMALL_RUN, "--nproc", "2", "--steps", "2", "--restart", str(path)
-    )
-    assert finish(launcher, timeout=180) == 2
-    lines = stderr_of(tmp_path).strip().splitlines()
+    code, err = run_here(capfd, tmp_path, *SMALL_RUN, "--nproc", "2", "--steps", "2", "--restart", str(path))
+    assert code == 2, err
+    lines = err.strip().splitlines()
     assert len(lines) == 1 and str(path) in lines[0], lines
     assert ("is damaged" if damage == "flipped-bit" else "is not an mlipdd checkpoint") in lines[0]

@@ -16,7 +16,7 @@ import ase.io
 import numpy as np
 import pytest
 import torch
-from fault_helpers import finish, start_run, stderr_of
+from fault_helpers import finish, run_here, start_run, stderr_of
 from mlipdd.cli import main
 
 QUIET = ["--log-every", "0", "--progress", "off", "--device", "cpu", "--json"]
@@ -146,11 +146,11 @@ def test_another_model_or_changed_weights_are_refused_unless_allowed(tmp_path, c
     assert "continuing anyway" in capsys.readouterr().err
 
 
-def test_two_ranks_refuse_another_model_in_one_line(tmp_path, capsys):
+def test_two_ranks_refuse_another_model_in_one_line(tmp_path, capfd):
     """R5 under the launcher: the refusal is agreed, said once, exit 2."""
-    _run(capsys, *NVT, "--steps", "1", "--checkpoint", str(tmp_path / "s.pt"))
-    launcher = start_run(tmp_path, "--nproc", "2", *QUIET, "--steps", "1", "--restart", "s.pt",
+    _run(capfd, *NVT, "--steps", "1", "--checkpoint", str(tmp_path / "s.pt"))
+    code, err = run_here(capfd, tmp_path, "--nproc", "2", *QUIET, "--steps", "1", "--restart", "s.pt",
                          "--model-arg", "sigma=3.0")
-    assert finish(launcher, timeout=180) == 2
-    lines = stderr_of(tmp_path).strip().splitlines()
+    assert code == 2, err
+    lines = err.strip().splitlines()
     assert len(lines) == 1 and "lj(sigma=3.0)" in lines[0] and "s.pt" in lines[0], lines

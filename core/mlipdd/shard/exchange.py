@@ -75,6 +75,11 @@ def _send_forward(owned: torch.Tensor, plan: ExchangePlan) -> torch.Tensor:
 def _send_reverse(ghost: torch.Tensor, plan: ExchangePlan, like: torch.Tensor) -> torch.Tensor:
     """Ghost partials back to their owners, summed into a tensor shaped like ``like`` (owned rows)."""
     back = all_to_all_rows(ghost, plan.recv_counts, plan.send_counts, plan.group)
+    if plan.send_index.numel() == 0:
+        # nothing comes back to this rank (always so at one rank). CUDA's index_add_ fails
+        # ("invalid argument") on a tensor past 2^31 elements even with no index: medium MACE's
+        # symmetric contraction at 27k atoms under the aten rules at one rank (2.65e9 elements, H200)
+        return torch.zeros_like(like)
     return torch.zeros_like(like).index_add_(0, plan.send_index, back)
 
 

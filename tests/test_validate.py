@@ -347,3 +347,20 @@ def test_cli_validate_runs_the_dispatch_asked_for(capsys):
     assert "dispatch: aten" in lines and any(line.startswith("aten rules fired (all ranks): ") for line in lines)
     assert lines[-1] == ("Next: save the spec: mlipdd validate lj --model-arg epsilon=0.0104 "
                          "--model-arg sigma=3.4 --dispatch aten --save model_spec.json")
+
+
+def test_a_model_that_counts_skin_edges_is_named_as_such():
+    """GCN degrees by ``bincount(receiver)`` count every edge of the list, those in the ranks'
+    skin too: under the aten dispatch (its bincount rule) wrong on the ranks at skin 0.5 and
+    exact at skin 0, and the diagnosis says so instead of blaming an op; the torch-function
+    dispatch refuses the bincount."""
+    from mlipdd.testing.idiom_zoo import ZOO
+
+    report = trace_and_validate(ZOO["GCNDegreeNorm"], max_attempts=1)
+    assert not report.ok, report.summary()
+    if report.dispatch == "torch_function":
+        assert "bincount" in report.last.error
+        return
+    assert report.last.error is None, report.summary()
+    assert "edges beyond the cutoff change the answer in one process already" in report.diagnosis, report.summary()
+    assert "an edge at r >= cutoff must add exactly zero" in report.next_action

@@ -176,7 +176,8 @@ def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: i
         report.notes.append(f"sample: the default long triclinic cell of {batch.num_atoms} atoms for cutoff "
                             f"{model.cutoff:g} on {world_size} ranks{where}")
     _attempt_loop(report, candidate, model_factory, samples, references, max_attempts, timeout)
-    _conclude(report, max_attempts)
+    skin = _skin_edges_matter(model, batch, report)
+    _conclude(report, max_attempts, skin)
     if device is not None and str(device).startswith("cuda"):
         report.notes.append(cuda_check(model_factory, batch, report, timeout))
     return report
@@ -214,7 +215,25 @@ def _attempt_loop(report, spec, model_factory, samples, references, max_attempts
         tried.add(_spec_key(spec))
 
 
-def _conclude(report: ValidationReport, max_attempts: int) -> None:
+def _skin_edges_matter(model, batch, report: ValidationReport):
+    """After a wrong answer (no error): the failed `check_ignores_skin_edges` when edges in
+    the ranks' skin change the model's answer in one process already, else None. The ranks'
+    lists hold edges up to ``cutoff + skin``, the reference's only those within the cutoff;
+    no dispatch can tell such an edge from another (a degree by ``bincount`` counts it)."""
+    last = report.last
+    if last is None or last.ok or last.error:
+        return None
+    from mlipdd.distributed.config import DomainConfig
+    from mlipdd.validate.rank_checks import check_ignores_skin_edges
+
+    try:
+        check = check_ignores_skin_edges(model, batch.clone(), DomainConfig(cutoff=float(model.cutoff)).skin)
+    except Exception:  # noqa: BLE001 - the check is a hint; the wrong answer stands without it
+        return None
+    return None if check.ok else check
+
+
+def _conclude(report: ValidationReport, max_attempts: int, skin=None) -> None:
     last = report.last
     report.diffs = last.diffs
     report.handlers_fired = last.handlers_fired
@@ -244,7 +263,12 @@ def _conclude(report: ValidationReport, max_attempts: int) -> None:
         report.diagnosis, report.next_action = translate(text, ctx)
         return
     wrong = ", ".join(f"{n} (rel {d.rel:.1e})" for n, d in last.diffs.items() if not d.ok)
-    if uncovered:
+    if skin is not None:  # the neighbour list, not the decomposition: one process shows it
+        found, _, fix = skin.message.partition(". Distributed neighbour lists carry a skin, so ")
+        report.diagnosis = (f"wrong {wrong}: edges beyond the cutoff change the answer in one process already "
+                            f"({found}); the ranks' neighbour lists hold those edges (cutoff + skin)")
+        report.next_action = (f"{fix or skin.message}; then re-validate" if fix else skin.message)
+    elif uncovered:
         report.diagnosis, report.next_action = opaque_op_advice(uncovered)
         report.diagnosis = f"wrong {wrong}: " + report.diagnosis
     elif report.opaque_ops:

@@ -19,6 +19,7 @@ import torch
 from mlipdd.data import Batch
 from mlipdd.shard.aten import EDGES, GHOSTED, HaloContext, Rows, ShardTensor, from_local, owned_rows
 from mlipdd.shard.aten.adapters import AdaptedOps
+from mlipdd.shard.aten.counted import CountedReductions
 from mlipdd.shard.aten.factories import factory_rows
 from mlipdd.shard.aten.placement import Replicate
 from mlipdd.shard.exchange import pad
@@ -53,11 +54,13 @@ class AtenHaloStrategy(HaloStrategy):
 
     @contextlib.contextmanager
     def model_scope(self, meta):
-        """Factories make ShardTensors (NOTE [aten factories]), the spec's OpAdapters act on
-        custom ops (NOTE [aten op adapters]); balance="time" times the call."""
+        """Factories make ShardTensors (NOTE [aten factories]), means over rows count every
+        rank's (NOTE [aten means]), the spec's OpAdapters act on custom ops (NOTE [aten op
+        adapters]); balance="time" times the call."""
         with contextlib.ExitStack() as scope:
             if meta is not None:
                 scope.enter_context(factory_rows(meta))
+                scope.enter_context(CountedReductions())
                 if getattr(self, "_adapted", False):
                     scope.enter_context(AdaptedOps(meta))
             scope.enter_context(self.halo.balance.timing())

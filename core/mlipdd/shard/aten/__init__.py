@@ -9,6 +9,7 @@ refusal by default (NOTE [refuse by default]).
 from mlipdd.shard.aten import index_rules as _index_rules  # noqa: F401  (registers rules)
 from mlipdd.shard.aten import matmul as _matmul  # noqa: F401
 from mlipdd.shard.aten import reductions as _reductions  # noqa: F401
+from mlipdd.shard.aten import softmax as _softmax  # noqa: F401
 from mlipdd.shard.aten.placement import (
            EDGES,
            GHOSTED,

@@ -259,6 +259,9 @@ def _scatter(func, args, kwargs, target, dim, idx, src, op, fix_index=None):
     ip, sp, tp = rows_of(idx), rows_of(src), rows_of(target)
     if ip is None:
         refuse(func, args, kwargs, "a scatter by a plain index into or from distributed rows")
+    if idx.dtype == torch.bool:  # a mask picks rows of its own kind, never rows of a table
+        refuse(func, args, kwargs, "a scatter by a boolean mask of distributed rows",
+               "write by a mask of the target's own rows (x[mask] = v), or multiply by the mask")
     if sp is not None and (sp.kind == EDGES) != (ip.kind == EDGES):
         refuse(func, args, kwargs, "the index and the scattered values hold different rows")
     ctx = idx._ctx
@@ -428,6 +431,8 @@ def index_put(func, args, kwargs):
     if len(given) == 1 and given[0][1].dtype == torch.bool and tp is not None and rows_of(given[0][1]) == tp \
             and given[0][0] == tp.dim:
         return _masked_write(func, args, kwargs, target, indices, values)
+    if len(given) == 1 and given[0][1].dtype == torch.bool:
+        return _masked_into_plain(func, args, kwargs, target, given[0], values, accumulate)
     if len(given) == 2 and given[0][0] == 0 and _is_arange_of_rows(given[0][1], target) and rows_of(values) \
             and rows_of(values).dim == 0 and (tp is None or tp.dim == 0):
         return _per_row_write(func, args, kwargs, target, indices, values, accumulate)
@@ -479,6 +484,28 @@ def _per_row_write(func, args, kwargs, target, indices, values, accumulate):
         refuse(func, args, kwargs, "an in-place per-row write into a plain tensor")
     out = torch.ops.aten.index_put(base, plain_idx, vals, accumulate)
     return finish(func, args, out, Rows(0, kind), values._ctx)
+
+
+def _masked_into_plain(func, args, kwargs, target, given, values, accumulate):
+    """``torch.zeros(E).index_put_([mask], v)``, with ``mask`` a mask of edge rows: the
+    gradient of ``e[mask]`` (autograd's ``index_backward`` starts from a plain zeros of
+    the rows' shape). A target equal along the rows takes the mask's rows: row-local."""
+    k, mask = given
+    tp, mp, vp = rows_of(target), rows_of(mask), rows_of(values)
+    if tp is not None or mp is None or mp.kind != EDGES or mp.dim != 0 or mask.dim() != 1 \
+            or target.shape[k] != mask.shape[0] or not uniform_along(target, k) \
+            or (vp is not None and (vp.kind != EDGES or vp.dim != k)):
+        refuse(func, args, kwargs, "an indexed write by a boolean mask that is not a mask of the target's rows",
+               "select and write rows by a mask of the same rows (x[mask] = v, with x and mask the same edges)")
+    plain = [None] * k + [mask._local]
+    local = unwrap(target)
+    if is_inplace(func):
+        if not isinstance(target, ShardTensor):
+            refuse(func, args, kwargs, "an in-place masked write into a plain tensor")
+        local.index_put_(plain, unwrap(values), accumulate)
+        return finish(func, args, local, Rows(k, EDGES), mask._ctx)
+    out = torch.ops.aten.index_put(local, plain, unwrap(values), accumulate)
+    return finish(func, args, out, Rows(k, EDGES), mask._ctx)
 
 
 def _masked_write(func, args, kwargs, target, indices, values):

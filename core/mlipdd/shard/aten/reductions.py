@@ -8,10 +8,12 @@ each atom or edge once (`valid_rows`), making a `Partial`, and all-reduces it at
 into `Replicate`. Its gradient is an ``expand`` of a replicated value, uniform over
 the rows, which every rule reads as rows (NOTE [aten gradients]).
 
-Means, variances and the like over the rows are refused: their autograd formulas divide
-by the LOCAL element count (``self.sym_numel()`` of the wrapper, which holds this rank's
-rows), a wrong gradient no rule below autograd can correct. The fix is spelled out:
-a sum divided by a count that is itself a sum over the rows.
+Means, variances and standard deviations over the rows are taken above autograd (NOTE
+[aten means] in `mlipdd.shard.aten.counted`): their autograd formulas divide by the
+LOCAL element count (``self.sym_numel()`` of the wrapper, which holds this rank's rows),
+a wrong gradient no rule below autograd can correct. One that reaches this level over
+the rows came from inside a composite op and is refused; so are the reductions over the
+rows that have no cross-rank rule (median, mode, cumsum, softmax, ...), each by name.
 """
 
 from __future__ import annotations
@@ -91,11 +93,14 @@ def vector_norm(func, args, kwargs):
 
 @rule(aten.mean.dim, aten.mean.default, aten.var.correction, aten.std.correction, aten.var_mean.correction,
       aten.std_mean.correction, aten.prod.dim_int, aten.prod.default, aten.cumsum.default, aten.cumprod.default,
-      aten.logsumexp.default, aten._softmax.default, aten._log_softmax.default, aten.argmax.default,
-      aten.argmin.default, aten.max.dim, aten.min.dim, aten.median.dim, aten.count_nonzero.dim_IntList, aten.nansum.default,
-      aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
+      aten.argmax.default,
+      aten.argmin.default, aten.max.dim, aten.min.dim, aten.median.dim, aten.median.default, aten.nanmedian.dim,
+      aten.nanmedian.default, aten.mode.default, aten.count_nonzero.dim_IntList,
+      aten.count_nonzero.default, aten.nansum.default, aten.nanmean.default, aten.cummax.default,
+      aten.cummin.default, aten.logcumsumexp.default)
 def other_reduction(func, args, kwargs):
-    """Row-local along the other dims; refused over the rows (NOTE [aten reductions])."""
+    """Row-local along the other dims; refused over the rows (NOTE [aten reductions]). Also
+    the other-dims case of softmax and logsumexp (`mlipdd.shard.aten.softmax`)."""
     x = args[0]
     p = x._place
     name = func.overloadpacket.__name__
@@ -108,15 +113,21 @@ def other_reduction(func, args, kwargs):
     if name.startswith(("_softmax_backward", "_log_softmax_backward")):
         dims = [args[2] % x.dim()]
     if p.dim in dims:
-        hint = {"mean": "x.sum(dim) / count, with count a sum over the rows too (torch.ones_like(x).sum(dim)); "
-                        "never x.shape"}.get(name, "write it from sums over the rows (x.sum(0)) and row-local math")
-        refuse(func, args, kwargs, f"`{name}` over the row dimension: its gradient (or value) needs the rows of "
-               "every rank, which autograd's formula does not know", hint)
+        if name in ("mean", "var", "std", "var_mean", "std_mean"):
+            refuse(func, args, kwargs, f"`{name}` over the row dimension inside a composite op (torch.{name} "
+                   "itself is taken above autograd, NOTE [aten means]; this one was reached below it, where its "
+                   "gradient would divide by this rank's local count)",
+                   f"call torch.{name} / x.{name} on the rows directly, or write the step from sums over the rows "
+                   "(x.sum(0)) divided by a count that is a sum over the rows too (torch.ones_like(x).sum(0))")
+        refuse(func, args, kwargs, f"`{name}` over the row dimension has no cross-rank rule: its value needs "
+               "every rank's rows at once", "write it from sums, maxima or minima over the rows (x.sum(0), "
+               "x.amax(0)) and row-local math, or compute it per system with index_add / scatter_add by the "
+               "system index")
     local = as_owned(x) if p.kind == SHARES else x._local
     kind = "atoms-owned" if p.kind == SHARES else p.kind
     out = run_local(func, (local, *args[1:]), kwargs)
     keepdim = kwargs.get("keepdim", False) or (len(args) > 2 and args[2] is True)
-    if name.startswith(("_softmax", "_log_softmax")) or name in ("cumsum", "cumprod"):
+    if name.startswith(("_softmax", "_log_softmax")) or name in ("cumsum", "cumprod", "cummax", "cummin", "logcumsumexp"):
         place = p.as_kind(kind)
     else:
         place = _kept(p.as_kind(kind), dims, keepdim)

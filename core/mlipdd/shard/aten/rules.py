@@ -18,6 +18,7 @@ import math
 
 import torch
 import torch.distributed as dist
+from torch.utils._mode_utils import no_dispatch
 
 from mlipdd.shard.aten import comm
 from mlipdd.shard.aten.placement import EDGES, GHOSTED, OWNED, REPLICATE, SHARES, Rows
@@ -125,8 +126,20 @@ def finish(func, args, out_local, place, ctx):
     if is_inplace(func) and isinstance(args[0], ShardTensor):
         args[0]._place = place
         args[0]._origin = origin
-        return args[0]
+        return same_shape_as_local(args[0])
     return wrap_out(out_local, place, ctx, origin)
+
+
+def same_shape_as_local(x: ShardTensor) -> ShardTensor:
+    """After an in-place view op (``squeeze_``, which ``vector @ matrix`` issues after its
+    ``mm``; ``unsqueeze_``, ``t_``, ``transpose_``) the local tensor has its new shape, the
+    wrapper still the old one, and every later op would read the old one: set the
+    wrapper's sizes and strides to the local's (below the dispatch: metadata only)."""
+    local = x._local
+    if x.shape != local.shape or x.stride() != local.stride():
+        with no_dispatch():
+            x.as_strided_(local.size(), local.stride(), local.storage_offset())
+    return x
 
 
 def run_local(func, args, kwargs):
@@ -199,7 +212,7 @@ def _replicated(func, args, kwargs):
     ctx = ctx_of(args, kwargs)
     out = run_local(func, args, kwargs)
     if is_inplace(func) and isinstance(args[0], ShardTensor):
-        return args[0]
+        return same_shape_as_local(args[0])
     if isinstance(out, torch.Tensor) or (isinstance(out, (tuple, list)) and any(isinstance(o, torch.Tensor) for o in out)):
         return wrap_out(out, REPLICATE, ctx, op_name(func.overloadpacket))
     return out

@@ -21,6 +21,7 @@ from mlipdd.comm import agree_on_errors
 from mlipdd.data import Batch
 from mlipdd.shard.aten import Rows, ShardTensor
 from mlipdd.shard.aten.adapters import AdaptedOps
+from mlipdd.shard.aten.counted import CountedReductions
 from mlipdd.shard.aten.comm import OwnedRowsOnly
 from mlipdd.shard.aten.graph_partition import PartitionContext
 from mlipdd.shard.graph_partition import PartitionScope, gather_rows, partition_scope
@@ -54,8 +55,11 @@ class AtenGraphPartitionStrategy(GraphPartitionStrategy):
 
     @contextlib.contextmanager
     def model_scope(self, scope: PartitionScope):
-        """The partition for the helpers; the spec's OpAdapters (NOTE [aten op adapters])."""
+        """The partition for the helpers; means over rows (NOTE [aten means]); the spec's
+        OpAdapters (NOTE [aten op adapters])."""
         with partition_scope(scope), scope.after_graph, contextlib.ExitStack() as adapters:
+            if scope.ctx is not None:
+                adapters.enter_context(CountedReductions())
             if self._adapted and scope.ctx is not None:
                 adapters.enter_context(AdaptedOps(scope.ctx))
             yield

@@ -21,7 +21,8 @@ from mlipdd.shard.aten.row_local import USER_ROW_LOCAL
 from mlipdd.strategy import GraphPartitionStrategy, HaloStrategy, ShardedStrategy
 from mlipdd.strategy.aten_halo import AtenHaloStrategy
 from mlipdd.strategy.aten_sharded import AtenShardedStrategy
-from mlipdd.strategy.dispatch import strategy_for_dispatch
+from mlipdd.strategy.dispatch import dispatch_for, strategy_for_dispatch
+from mlipdd.strategy.graph_partition.aten import AtenGraphPartitionStrategy
 from mlipdd.testing.conformance import check_conformance_cases
 from mlipdd.testing.systems import slab, small_cell, triclinic, two_systems
 from mlipdd.testing.toy_models import ToyMPNN
@@ -56,16 +57,17 @@ def test_dispatch_chosen_by_config_env_model_and_strategy(monkeypatch):
     # NOTE [choosing the dispatch]: the config, then the env, then the model, then the strategy
     monkeypatch.delenv("MLIPDD_DISPATCH", raising=False)
     plain, aten = DomainConfig(cutoff=3.0), DomainConfig(cutoff=3.0, dispatch="aten")
-    assert strategy_for_dispatch(HaloStrategy, plain) is HaloStrategy  # the strategies' default, for now
+    assert strategy_for_dispatch(HaloStrategy, plain) is AtenHaloStrategy  # the strategies' default
     assert strategy_for_dispatch(HaloStrategy, aten) is AtenHaloStrategy
-    assert strategy_for_dispatch(ShardedStrategy, aten) is AtenShardedStrategy
-    assert strategy_for_dispatch(GraphPartitionStrategy, plain) is GraphPartitionStrategy
+    assert strategy_for_dispatch(ShardedStrategy, plain) is AtenShardedStrategy
+    assert issubclass(strategy_for_dispatch(GraphPartitionStrategy, plain), AtenGraphPartitionStrategy)
+    old = DomainConfig(cutoff=3.0, dispatch="torch_function")
+    assert strategy_for_dispatch(HaloStrategy, old) is HaloStrategy
+    assert strategy_for_dispatch(GraphPartitionStrategy, old) is GraphPartitionStrategy
     with pytest.raises(InputError, match="slab_halo.*not 'aten'"):  # a strategy with one dispatch: never the other
         strategy_for_dispatch(_OldOnly, aten)
     old_model = ToyMPNN()
     old_model.needs_dispatch = "torch_function"
-    monkeypatch.setattr(HaloStrategy, "dispatches", ("aten", "torch_function"))  # the flipped default
-    assert strategy_for_dispatch(HaloStrategy, plain) is AtenHaloStrategy
     assert strategy_for_dispatch(HaloStrategy, plain, old_model) is HaloStrategy  # the model's declaration
     assert strategy_for_dispatch(HaloStrategy, plain, PipelineModelWrapper([lj(), old_model])) is HaloStrategy
     assert strategy_for_dispatch(HaloStrategy, plain, PipelineModelWrapper([lj(), ToyMPNN()])) is AtenHaloStrategy
@@ -80,6 +82,27 @@ def test_dispatch_chosen_by_config_env_model_and_strategy(monkeypatch):
     assert strategy_for_dispatch(HaloStrategy, plain) is HaloStrategy
     with pytest.raises(InputError, match="not one of"):
         strategy_for_dispatch(HaloStrategy, DomainConfig(cutoff=3.0, dispatch="python"))
+
+
+def _dispatch_on_rank(rank, world_size):
+    return dispatch_for(DomainConfig(cutoff=3.0), HaloStrategy, ToyMPNN())
+
+
+@pytest.mark.old_dispatch("the marker itself: it must reach spawned ranks")
+def test_the_old_dispatch_marker_reaches_spawned_ranks():
+    # the forkserver started before this test set the variable (an earlier test's ranks, or
+    # this one's): the ranks get the launcher's value, not the server's
+    from mlipdd.testing.spawn import run_ranks
+
+    assert dispatch_for(DomainConfig(cutoff=3.0), HaloStrategy, ToyMPNN()) == "torch_function"
+    assert run_ranks(_dispatch_on_rank, 2) == ["torch_function", "torch_function"]
+
+
+def test_an_unmarked_test_runs_aten_on_its_ranks(monkeypatch):
+    from mlipdd.testing.spawn import run_ranks
+
+    monkeypatch.delenv("MLIPDD_DISPATCH", raising=False)
+    assert run_ranks(_dispatch_on_rank, 2) == ["aten", "aten"]
 
 
 class _OldOnly(HaloStrategy):

@@ -87,6 +87,8 @@ class RankPool:
 
     # ---- starting and stopping ------------------------------------------------------------
     def _start(self) -> None:
+        from mlipdd.strategy.dispatch import dispatch_env
+
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         ctx = rank_context(self.reference_model, backend)
         self._store_dir = tempfile.mkdtemp(prefix="mlipdd-ranks-")
@@ -96,7 +98,7 @@ class RankPool:
             proc = ctx.Process(
                 target=rank_main, name=f"mlipdd-rank-{rank}", daemon=True,
                 args=(rank, self.nproc, self._store_dir, os.getpid(), self._model, self.config,
-                      self._requested_dtype, backend, rank_device, self.timeout, child_end),
+                      self._requested_dtype, backend, rank_device, self.timeout, child_end, dispatch_env()),
             )
             proc.start()
             child_end.close()

@@ -23,6 +23,21 @@ TORCH_FUNCTION = "torch_function"
 DISPATCHES = (ATEN, TORCH_FUNCTION)
 
 
+def dispatch_env() -> str | None:
+    """This process's ``MLIPDD_DISPATCH``, for a launcher to hand to the ranks it starts."""
+    return os.environ.get("MLIPDD_DISPATCH")
+
+
+def adopt_dispatch_env(value: str | None) -> None:
+    """In a started rank: take the launcher's ``MLIPDD_DISPATCH`` (`dispatch_env`). A rank forked
+    from a forkserver has the server's environment, fixed when the server started, not the one
+    its launcher has now (a variable set later, by a test or a script, would not reach it)."""
+    if value is None:
+        os.environ.pop("MLIPDD_DISPATCH", None)
+    else:
+        os.environ["MLIPDD_DISPATCH"] = value
+
+
 def dispatch_for(config, strategy_cls: type, model=None, world_size: int | None = None) -> str:
     """The dispatch a run of ``model`` under ``strategy_cls`` uses (NOTE [choosing the dispatch];
     ``world_size`` None: not known yet, taken as several ranks)."""

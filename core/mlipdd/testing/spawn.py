@@ -57,7 +57,10 @@ def _context():
     return _CTX
 
 
-def _worker(rank, world_size, port, fn, args, kwargs, results, backend, threads):
+def _worker(rank, world_size, port, fn, args, kwargs, results, backend, threads, dispatch):
+    from mlipdd.strategy.dispatch import adopt_dispatch_env
+
+    adopt_dispatch_env(dispatch)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
         WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS=str(threads),
@@ -125,11 +128,13 @@ _NOT_JOINED = "[the rank could not join the process group] "
 
 
 def _launch(fn, world_size, args, kwargs, timeout, backend, threads) -> list[Any]:
+    from mlipdd.strategy.dispatch import dispatch_env
+
     ctx = _context()
     results = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, kwargs, results, backend, threads))
+        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, kwargs, results, backend, threads, dispatch_env()))
         for r in range(world_size)
     ]
     for p in procs:

@@ -82,10 +82,6 @@ class AIMNet2Wrapper(ModelWrapper):
     mlipdd-aimnet2 does not compute it (the energies then lack that term).
     """
 
-    # its self-edge test compares row numbers, which the aten dispatch refuses (NOTE
-    # [choosing the dispatch] in mlipdd.strategy.dispatch)
-    needs_dispatch = "torch_function"
-
     # DomainConfig() on several ranks: sharded storage (no Coulomb-deep ghost shell; see
     # the plugin README for the measured comparison); strategy="halo" still works.
     preferred_strategy = "sharded"

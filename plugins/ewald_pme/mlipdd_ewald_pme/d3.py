@@ -82,12 +82,6 @@ class D3Wrapper(ModelWrapper):
     falls with it, the result does not change. `memory_estimate` says what a call needs.
     """
 
-    @property
-    def needs_dispatch(self) -> str | None:
-        """The three-body term builds its triples with ``nonzero`` on edge rows, which the aten
-        dispatch refuses: it runs on the torch-function one (NOTE [choosing the dispatch])."""
-        return "torch_function" if self.params["s9"] != 0.0 else None
-
     def __init__(self, cutoff: float = 10.0, params: dict | None = None, three_body_cutoff: float | None = None,
                  switch_on: float | None = None, chunk: int = DEFAULT_CHUNK):
         super().__init__()

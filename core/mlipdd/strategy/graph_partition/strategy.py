@@ -70,7 +70,7 @@ class GraphPartitionStrategy(Strategy):
 
     name = "graph_partition"
     preset = "SPEC_MPNN_GP"
-    dispatches = ("torch_function", "aten")  # NOTE [choosing the dispatch]: the flip is this order
+    dispatches = ("aten", "torch_function")  # NOTE [choosing the dispatch]: aten is the default
     aten_class = "mlipdd.strategy.graph_partition.aten:AtenGraphPartitionStrategy"
     whole_system = True
 

@@ -68,9 +68,9 @@ class HaloStrategy(SpatialStrategy):
 
     name = "halo"
     preset = "SPEC_MPNN_HALO"
-    # the torch-function dispatch stays the default until the aten one passes every suite
-    # (NOTE [choosing the dispatch]: the flip is this order, here and in sharded, graph partition)
-    dispatches = ("torch_function", "aten")
+    # aten first: the default since issue 21's flip (NOTE [choosing the dispatch]; the same
+    # order in sharded and graph partition)
+    dispatches = ("aten", "torch_function")
     aten_class = "mlipdd.strategy.aten_halo:AtenHaloStrategy"
 
     @classmethod

@@ -21,7 +21,7 @@ class ShardedStrategy(SpatialStrategy):
 
     name = "sharded"
     preset = "SPEC_MPNN_SHARDED"
-    dispatches = ("torch_function", "aten")  # NOTE [choosing the dispatch]: the flip is this order
+    dispatches = ("aten", "torch_function")  # NOTE [choosing the dispatch]: aten is the default
     aten_class = "mlipdd.strategy.aten_sharded:AtenShardedStrategy"
     keep_halo_state = False  # set by compile=True; otherwise only owned rows are kept
     halo_state = None

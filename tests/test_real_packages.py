@@ -4,7 +4,7 @@ under `DistributedModel`: every case equals one process to 1e-10 or is refused b
 The full matrix (every system at every rank count) is docs/real_packages.md, written
 by ``python -m mlipdd.testing.real_packages``. Here each rank count runs one system, so
 that 2, 3 and 4 ranks and the three systems are all covered at a few seconds a case:
-both models x halo/sharded storage x default/aten dispatch, on one spawned group per
+both models x halo/sharded storage x torch-function/aten dispatch, on one spawned group per
 rank count, against references computed once.
 """
 
@@ -16,9 +16,9 @@ from mlipdd.testing.real_packages.classify import classify_world_size, reference
 
 SYSTEM_AT = {2: "triclinic", 3: "own_images", 4: "slab"}  # each system once, each rank count once
 MODELS = list(REAL_MODELS)
-# What the table says. The default dispatch runs schnetpack exactly, except where a
+# What the table says. The torch-function dispatch runs schnetpack exactly, except where a
 # sharded rank owns no atom (4 ranks, slab): Atomwise's ``maxm = int(idx_m[-1]) + 1`` then
-# reads past that rank's rows, refused naming that line. The aten dispatch refuses the same
+# reads past that rank's rows, refused naming that line. The aten dispatch (the default) refuses the same
 # read everywhere (`aten::select.int`: one atom row by its position), except on a sharded
 # rank owning no atom, where torch's own IndexError comes first (a bare message: reported);
 # which rank's error reaches the others first varies, so there either message is accepted.
@@ -56,6 +56,7 @@ def test_exact_or_refused_by_name(world_size, refs):
             assert any(name in r.detail for name in NAMED) and "Fix:" in r.detail, r.detail
 
 
+@pytest.mark.old_dispatch("issue 21 (h2): trace_and_validate under aten")
 @pytest.mark.parametrize("model", MODELS)
 def test_validation_passes_an_exact_model(model):
     """trace_and_validate with its default sample: exact models pass (a wrong one must fail)."""

@@ -145,6 +145,7 @@ def test_halo_style_model_served_by_sharded_storage(world_size):
     result.assert_close()
 
 
+@pytest.mark.old_dispatch("issue 21 (h1): a sharded rank owning one atom is refused under aten (NOTE [a single row])")
 def test_rank_owning_as_many_atoms_as_systems_equals_one_process():
     """One atom per rank, one system: per-atom and per-system rows have the same count; the
     charge equilibration's per-system scatters are read by their index's placement

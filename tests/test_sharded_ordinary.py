@@ -69,6 +69,7 @@ def test_thin_cell_is_thinner_than_two_cutoffs():
     assert float(spacings.max()) < 2 * VectorMPNN().cutoff
 
 
+@pytest.mark.old_dispatch("issue 21 (h1): a parameter's new_zeros then index_add_ is refused under aten sharded storage")
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_ordinary_models_under_sharded_storage_equal_one_process(world_size):
     parts = run_ranks(_every_case, world_size, timeout=600)
@@ -100,6 +101,7 @@ def _uninferred_worker(rank, world_size):
     return "no error"
 
 
+@pytest.mark.old_dispatch("the old dispatch's row-count guess (exact under aten: test_sizes_read_as_python_ints_are_exact_under_aten); goes with the old dispatch")
 def test_a_layout_that_cannot_be_inferred_is_explained_on_every_rank():
     messages = run_ranks(_uninferred_worker, 2)
     for message in messages:

@@ -65,9 +65,10 @@ def strategy_for_dispatch(strategy_cls: type, config, model=None, world_size: in
             f"dispatch, not {name!r} (DomainConfig.dispatch / MLIPDD_DISPATCH): use strategy='halo', 'sharded' "
             "or 'graph_partition' for the aten dispatch, or leave the dispatch unset"
         )
-    if name == ATEN and world_size != 1 and (getattr(config, "compile", False) or getattr(config, "cuda_graph", False)):
-        # one rank compiles / graphs the plain model (NOTE [aten at one rank]); several not yet
-        raise InputError("the aten dispatch runs eager force calls at several ranks; leave compile / cuda_graph "
+    if name == ATEN and world_size != 1 and getattr(config, "compile", False):
+        # one rank compiles the plain model (NOTE [aten at one rank]); several not yet. cuda_graph at
+        # several ranks is refused by DistributedModel whatever the dispatch (its own message)
+        raise InputError("the aten dispatch runs eager force calls at several ranks; leave compile "
                          "off with it there, or leave the dispatch unset (compile at several ranks then runs its "
                          "eager checks on the torch-function dispatch)")
     return strategy_cls.with_dispatch(name)

@@ -74,6 +74,7 @@ def _unfused_and_fused(rank, world_size, batches, strategies):
             for label, build in (("unfused", cueq_mace_wrapper), ("fused", reference_fused_cueq_wrapper))}
 
 
+@pytest.mark.old_dispatch("counts the old dispatch's cuEq rule calls (aten: test_cueq_aten); goes with the old dispatch")
 @pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
 def test_cueq_distributed_equals_one_cueq_process(references, world_size):
     """gloo ranks vs one cuEq process, halo and sharded storage: triclinic, own images,
@@ -113,6 +114,7 @@ def test_chunked_cueq_equals_plain_cueq(cueq_model, references):
     assert estimate["bytes"] < estimate["plain_bytes"]
 
 
+@pytest.mark.old_dispatch("issue 21: chunked MACE under aten sharded storage: IndexError")
 def test_chunked_cueq_distributed_equals_plain_cueq(references):
     systems = small_cueq_systems()
     refs = references["unfused"]

@@ -6,7 +6,8 @@ vacuum), its tolerance (1e-10 relative on energy, forces and stress, float64), o
 spawned group per world size for all cases (a refused case costs a fresh group, not
 new processes), the references computed once per (model, system) in this process.
 A case is a model, a storage (halo / sharded, the zoo's presets), a dispatch (the
-default torch-function one, or ``DomainConfig(dispatch="aten")``) and a system.
+torch-function one, ``DomainConfig(dispatch="torch_function")``, or the aten one, the
+default) and a system.
 
 `validation` runs `trace_and_validate` on each model with its DEFAULT sample, under
 halo and sharded storage: a model silently wrong in some case must fail there too.
@@ -29,7 +30,8 @@ from mlipdd.testing.idiom_zoo.classifier import (
 )
 from mlipdd.testing.idiom_zoo.launch import run_cases
 
-DISPATCHES = {"function": None, "aten": "aten"}
+# each named explicitly: the table says which dispatch ran, whichever is the default
+DISPATCHES = {"function": "torch_function", "aten": "aten"}
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,7 @@ def _run_case(rank, world_size, case):
     _acknowledge_a_simultaneous_failure()
     model, strategy, dispatch, system = case
     options = _options(strategy, system, world_size)
-    if DISPATCHES[dispatch] is not None:
-        options["dispatch"] = DISPATCHES[dispatch]
+    options["dispatch"] = DISPATCHES[dispatch]
     out = distributed_outputs(rank, world_size, REAL_MODELS[model].factory, SYSTEMS[system](), options, True,
                               STRATEGIES[strategy])
     return {k: out[k] for k in ("atom_ids", "energy", "forces", "stress")}

@@ -2,14 +2,19 @@
 
 # NOTE [choosing the dispatch]
 Two dispatches exist while the Python-level one (``__torch_function__``, `mlipdd.shard`) is
-retired (issue 21): the aten-level one (`mlipdd.shard.aten`) has one rule per aten op and
-refuses, on every rank, an op on atom rows it has no exact rule for. A run uses the first of:
-``DomainConfig.dispatch``; ``MLIPDD_DISPATCH``; the dispatch the model declares it needs
-(a wrapper's ``needs_dispatch``, a pipeline's when a member declares one); the Python-level
-one for ``compile=True`` at several ranks (its eager checks run that dispatch); the first of
-the strategy's ``dispatches`` (halo, sharded, graph partition: the Python-level one until the
-aten one passes every suite, then aten by swapping that order). What a model or strategy needs is declared by name, never guessed from
-a failure: an aten refusal stays a refusal, nothing falls back to the other dispatch.
+retired (issue 21): the aten-level one (`mlipdd.shard.aten`), the default, has one rule per
+aten op and refuses, on every rank, an op on atom rows it has no exact rule for. A run uses
+the first of: ``DomainConfig.dispatch``; ``MLIPDD_DISPATCH``; the dispatch the model declares it
+needs (a wrapper's ``needs_dispatch``: UMA's halo spec; a pipeline's when a member declares
+one); the Python-level one for ``compile=True`` at several ranks (its eager checks run that
+dispatch); the first of the strategy's ``dispatches`` (halo, sharded, graph partition: aten,
+then ``"torch_function"``). ``DomainConfig(dispatch="torch_function")`` or
+``MLIPDD_DISPATCH=torch_function`` picks the old one. A launcher hands its ``MLIPDD_DISPATCH``
+to the ranks it starts (`dispatch_env` / `adopt_dispatch_env`: a forkserver's child would
+otherwise see the server's environment). What a model or strategy needs is declared by name,
+never guessed from a failure: an aten refusal stays a refusal, nothing falls back to the other
+dispatch. Tests that still need the old one say so with ``@pytest.mark.old_dispatch(reason)``
+(`mlipdd.testing.pytest_plugin`; docs/aten_default_flip.md lists them).
 """
 
 from __future__ import annotations

@@ -270,12 +270,9 @@ def test_validate_passes_with_the_adapter_and_its_spec_round_trips(tmp_path):
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize("factory", [
-    pytest.param(slice_gather_scatter, marks=pytest.mark.old_dispatch(
-        "issue 21 (h3): an OpAdapter output of this rank's owned rows is refused under aten")),
-    all_reduce,
-    pytest.param(full, marks=pytest.mark.old_dispatch("issue 21 (h3): GatherInputsFull is not written for aten")),
-], ids=["SliceOwned+GatherInputs+ScatterOutputs", "SliceOwned+AllReduceSum", "GatherInputsFull+SliceOutputsOwned"])
+@pytest.mark.parametrize("factory", [slice_gather_scatter, all_reduce, full],
+                         ids=["SliceOwned+GatherInputs+ScatterOutputs", "SliceOwned+AllReduceSum",
+                              "GatherInputsFull+SliceOutputsOwned"])
 def test_transform_equals_one_process(factory, world_size):
     assert_exact(compare_with_one_process(factory, world_size))
 

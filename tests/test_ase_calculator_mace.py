@@ -155,10 +155,12 @@ def test_a_slabs_stress_is_mace_calculators_virial_over_the_cells_volume(nproc, 
 
 @pytest.mark.old_dispatch("issue 21: MACE's element check selects atom rows by a mask (aten::index.Tensor), refused under aten before the check's own message")
 @pytest.mark.parametrize("nproc", NPROCS)
-def test_an_element_the_model_lacks_raises_and_the_calculator_serves_on(nproc, mace64, pool2):
+def test_an_element_the_model_lacks_raises_and_the_calculator_serves_on(nproc, mace64):
     """Argon for an H/C/O model: refused on the rank that owns it; the ranks regroup (was
     broken: every later call failed)."""
-    calc = _calc(nproc, mace64, pool2)
+    # its own ranks: the module's pool2 started on the default dispatch (old_dispatch reaches
+    # only the ranks a test starts)
+    calc = MLIPDDCalculator(MACEWrapper(copy.deepcopy(mace64)), nproc=nproc)
     pids = calc.worker_pids
     alien = triclinic()
     alien.numbers[2] = 18
@@ -169,6 +171,7 @@ def test_an_element_the_model_lacks_raises_and_the_calculator_serves_on(nproc, m
     assert ours(calc, good).get_potential_energy() == pytest.approx(
         theirs(mace64, good).get_potential_energy(), abs=1e-10)
     assert calc.worker_pids == pids
+    calc.close()
 
 
 @pytest.mark.parametrize("nproc", NPROCS)

@@ -12,7 +12,8 @@ quick local run at 2 ranks, the full matrix in CI).
 
 ``@pytest.mark.old_dispatch("issue 21: <the gap>")`` runs one test on the torch-function
 dispatch (``MLIPDD_DISPATCH=torch_function`` for its duration; spawned ranks take the
-launcher's value, `mlipdd.strategy.dispatch.adopt_dispatch_env`): the pins of the aten flip,
+launcher's value when they start, `mlipdd.strategy.dispatch.adopt_dispatch_env`, so a pool a
+module fixture started before the test keeps its dispatch: a pinned test starts its own): the pins of the aten flip,
 each naming the gap that keeps it there (``pytest -m old_dispatch --collect-only`` lists them).
 """
 

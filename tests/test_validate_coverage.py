@@ -257,12 +257,6 @@ def in_turn(cases: list[tuple[str, str]]) -> list[tuple[str, str, int]]:
     return [(name, strategy, VALIDATED_COUNTS[(models.index(name) + (strategy == "sharded")) % 2])
             for name, strategy in cases]
 
-def old_dispatch_for(cases: list[tuple], names: set[str], reason: str) -> list:
-    """``cases`` with those of the models in ``names`` pinned to the old dispatch (issue 21)."""
-    return [pytest.param(*case, marks=pytest.mark.old_dispatch(reason)) if case[0] in names else case
-            for case in cases]
-
-
 RIGHT_MODELS = {
     "lennard_jones": functools.partial(LennardJones, epsilon=0.0104, sigma=3.4, cutoff=7.0),
     "toy_mpnn": functools.partial(ToyMPNN, cutoff=4.5, species=(18,)),
@@ -350,9 +344,7 @@ def test_a_wrong_model_on_a_too_small_sample_is_not_passed_as_exact(name):
 
 
 @pytest.mark.parametrize("strategy", ["halo", "sharded"])
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.old_dispatch("issue 21 (h1): aten::mean over the atom rows has no rule yet"))
-    if n == "flattened_mean" else n for n in EXACT_BY_DISPATCH])
+@pytest.mark.parametrize("name", EXACT_BY_DISPATCH)
 def test_an_idiom_the_dispatch_reduces_over_ranks_validates_as_exact(name, strategy):
     factory = functools.partial(WRONG_MODELS[name], cutoff=4.0)
     report = trace_and_validate(factory, world_size=2, strategy=strategy, max_attempts=1)
@@ -361,9 +353,7 @@ def test_an_idiom_the_dispatch_reduces_over_ranks_validates_as_exact(name, strat
     assert report.ok and report.conclusive, report.summary()
 
 
-@pytest.mark.parametrize(("name", "strategy", "world_size"), old_dispatch_for(
-    in_turn(WRONG_CASES), {"ghost_edge_degree"}, "issue 21 (h2): wrong under the old dispatch, exact under aten "
-    "(validation passes it at 1e-15): the expectation follows the dispatch"))
+@pytest.mark.parametrize(("name", "strategy", "world_size"), in_turn(WRONG_CASES))
 def test_wrong_models_never_pass_on_the_default_sample(name, strategy, world_size):
     factory = functools.partial(WRONG_MODELS[name], cutoff=4.0)
     report = trace_and_validate(factory, world_size=world_size, strategy=strategy, max_attempts=2)
@@ -395,10 +385,8 @@ def _assert_exact_on_another_sample(factory, world_size, strategy, dispatch):
 # ---- right models pass, conclusively --------------------------------------------------------
 
 
-@pytest.mark.parametrize(("name", "strategy", "world_size"), old_dispatch_for(
-    in_turn([(name, strategy) for name in sorted(RIGHT_MODELS) for strategy in ("halo", "sharded")]),
-    {"charge_mpnn", "whole_system_mpnn"},
-    "issue 21 (h1): charge_mpnn index_add_s into a plain torch.zeros, whole_system_mpnn takes a mean over atoms"))
+@pytest.mark.parametrize(("name", "strategy", "world_size"),
+                         in_turn([(name, strategy) for name in sorted(RIGHT_MODELS) for strategy in ("halo", "sharded")]))
 def test_right_models_pass_conclusively_on_the_default_sample(name, strategy, world_size):
     report = trace_and_validate(RIGHT_MODELS[name], world_size=world_size, strategy=strategy)
     if refused_by_aten_as_listed(name, report):

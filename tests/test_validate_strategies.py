@@ -32,7 +32,6 @@ graph_building = functools.partial(GraphBuildingMPNN, cutoff=4.5, layers=2, spec
 argon_lj = functools.partial(LennardJones, epsilon=0.0104, sigma=3.4, cutoff=7.0)
 
 
-@pytest.mark.old_dispatch("issue 21 (h2): validation under aten sharded storage")
 def test_sharded_validation_of_charge_equilibration_on_three_ranks():
     batch = triclinic(species=(1, 8), spacing=3.0)
     report = trace_and_validate(qeq, batch, world_size=3, strategy="sharded")
@@ -76,7 +75,6 @@ class IntSizedState(ModelWrapper):
         return self.weight * torch.zeros_like(positions[:, 0]).index_add(0, receiver, state[sender] * pair)
 
 
-@pytest.mark.old_dispatch("issue 21 (h2): the old dispatch's uninferred-rows error and its creation site")
 def test_sharded_validation_names_the_creation_site_of_an_uninferred_tensor():
     """The torch-function dispatch guesses rows from row counts and cannot route the read;
     under the aten one ``torch.full(n)`` is a replicated uniform table, exactly read."""
@@ -97,7 +95,6 @@ SHARDED_WRONG_SPECS = {
 }
 
 
-@pytest.mark.old_dispatch("issue 21 (h2): the auto-fix reads the old dispatch's handler firings")
 @pytest.mark.parametrize("case", sorted(SHARDED_WRONG_SPECS))
 def test_auto_fix_under_sharded_storage(case):
     report = trace_and_validate(mpnn, spec=SHARDED_WRONG_SPECS[case], strategy="sharded")

@@ -56,6 +56,8 @@ def test_exact_or_refused_by_name(world_size, refs):
             assert any(name in r.detail for name in NAMED) and "Fix:" in r.detail, r.detail
 
 
+@pytest.mark.old_dispatch("issue 21: schnetpack is exact under the old dispatch only; aten refuses Atomwise's "
+                          "int(idx_m[-1]) (aten::select.int), so its validation fails there, by name")
 @pytest.mark.parametrize("model", MODELS)
 def test_validation_passes_an_exact_model(model):
     """trace_and_validate with its default sample: exact models pass (a wrong one must fail)."""

@@ -59,6 +59,17 @@ KNOWN_SILENTLY_WRONG = _cases("""
 KNOWN_LOST_RANKS = _cases("""
 """)
 
+# models the aten dispatch (the default) stops with torch's own error, not a refusal naming the
+# op (issue 21, after the flip): `.tolist()` of a ShardTensor (SpeciesNetworks, PerSystemSplit),
+# a size mismatch (RepeatInterleaveState). Not wrong, not explained: not strict, since a rank
+# count or system where the refusal comes first passes.
+KNOWN_BARE_REFUSALS = {"SpeciesNetworks", "PerSystemSplit", "RepeatInterleaveState"}
+
+
+class BareRefusal(AssertionError):
+    """The ranks stopped with torch's or Python's own error, which names neither op nor fix."""
+
+
 _CLASSIFIED: dict[int, dict] = {}
 
 
@@ -89,6 +100,9 @@ def pytest_generate_tests(metafunc):
                         # (depending on timing) finish; any outcome but refused/exact is a failure
                         marks = [pytest.mark.xfail(strict=False, raises=(LostRank, SilentlyWrong),
                                                    reason="ranks issue mismatched collectives today (issue 21)")]
+                    elif model in KNOWN_BARE_REFUSALS:
+                        marks = [pytest.mark.xfail(strict=False, raises=BareRefusal,
+                                                   reason="refused by a bare error under aten (issue 21)")]
                     params.append(pytest.param(key, marks=marks, id=f"{world_size}-{model}-{strategy}-{system}"))
     metafunc.parametrize("zoo_case", params)
 
@@ -103,7 +117,8 @@ def test_zoo_case_is_exact_or_refused(zoo_case):
     # a refusal names the op and the fix: torch's or Python's own error (a rank that owns no
     # atom failing before the refusal, an index past its rows) explains neither
     bare = ("RuntimeError:", "IndexError:", "ZeroDivisionError:", "ValueError:", "TypeError:")
-    assert not result.detail.startswith(bare), f"{zoo_case} refused by accident: {result.detail}"
+    if result.detail.startswith(bare):
+        raise BareRefusal(f"{zoo_case} refused by accident: {result.detail}")
 
 
 def test_known_lists_name_real_cases():
@@ -111,6 +126,7 @@ def test_known_lists_name_real_cases():
     every = {(m, s, c) for m in ZOO for s in STRATEGIES for c in SYSTEMS}
     unknown = {k for k in KNOWN_SILENTLY_WRONG | KNOWN_LOST_RANKS if k[:3] not in every}
     assert not unknown, f"not zoo cases: {sorted(unknown)}"
+    assert KNOWN_BARE_REFUSALS <= set(ZOO), KNOWN_BARE_REFUSALS - set(ZOO)
     assert not KNOWN_SILENTLY_WRONG & KNOWN_LOST_RANKS
 
 

@@ -78,6 +78,8 @@ def test_dispatch_chosen_by_config_env_model_and_strategy(monkeypatch):
         strategy_for_dispatch(HaloStrategy, DomainConfig(cutoff=3.0, dispatch="aten", compile=True), world_size=2)
     monkeypatch.setenv("MLIPDD_DISPATCH", "aten")  # the env wins over the model's declaration
     assert strategy_for_dispatch(HaloStrategy, plain, old_model) is AtenHaloStrategy
+    monkeypatch.setenv("MLIPDD_DISPATCH", "")  # set but empty: unset, as in a shell
+    assert strategy_for_dispatch(HaloStrategy, plain) is AtenHaloStrategy
     monkeypatch.setenv("MLIPDD_DISPATCH", "torch_function")
     assert strategy_for_dispatch(HaloStrategy, plain) is HaloStrategy
     with pytest.raises(InputError, match="not one of"):

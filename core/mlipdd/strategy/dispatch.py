@@ -29,8 +29,9 @@ DISPATCHES = (ATEN, TORCH_FUNCTION)
 
 
 def dispatch_env() -> str | None:
-    """This process's ``MLIPDD_DISPATCH``, for a launcher to hand to the ranks it starts."""
-    return os.environ.get("MLIPDD_DISPATCH")
+    """This process's ``MLIPDD_DISPATCH``, for a launcher to hand to the ranks it starts (set but
+    empty reads as unset, as a shell's ``MLIPDD_DISPATCH= cmd`` means)."""
+    return os.environ.get("MLIPDD_DISPATCH") or None
 
 
 def adopt_dispatch_env(value: str | None) -> None:
@@ -46,7 +47,7 @@ def adopt_dispatch_env(value: str | None) -> None:
 def dispatch_for(config, strategy_cls: type, model=None, world_size: int | None = None) -> str:
     """The dispatch a run of ``model`` under ``strategy_cls`` uses (NOTE [choosing the dispatch];
     ``world_size`` None: not known yet, taken as several ranks)."""
-    name = getattr(config, "dispatch", None) or os.environ.get("MLIPDD_DISPATCH")
+    name = getattr(config, "dispatch", None) or dispatch_env()
     if name is None:
         name = getattr(model, "needs_dispatch", None)
     if name is None and world_size != 1 and getattr(config, "compile", False):

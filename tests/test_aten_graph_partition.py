@@ -44,6 +44,18 @@ def stateful_model():
     return _StatefulGraphModel(cutoff=4.5, layers=2, species=(18, 8))
 
 
+class _MeanScaledGraphModel(GraphBuildingMPNN):
+    """Scales the owned energies by their mean over all atoms (a mean over the rows: exact)."""
+
+    def owned_energies(self, batch, positions, cell, owned_species):
+        energies = super().owned_energies(batch, positions, cell, owned_species)
+        return energies * (1 + 0.1 * torch.tanh(energies.mean()))
+
+
+def mean_scaled_model():
+    return _MeanScaledGraphModel(cutoff=4.5, layers=2, species=(18, 8))
+
+
 def systems():
     return {
         "triclinic": triclinic(species=(18, 8), reps=4),
@@ -57,6 +69,7 @@ def systems():
 def test_graph_partition_exact_under_aten(world_size):
     named = [(name, graph_model, batch) for name, batch in systems().items()]
     named.append(("system state", stateful_model, two_systems(species=(18, 8))))
+    named.append(("mean over atoms", mean_scaled_model, triclinic(species=(18, 8), reps=4)))
     cases = [(factory, batch, ATEN_GP) for _, factory, batch in named]
     for (result, _), (name, _, _) in zip(check_conformance_cases(cases, world_size), named):
         for key in ("energy", "forces", "stress"):
@@ -88,14 +101,14 @@ class _SenderReadOfOwnedBlock(GraphBuildingMPNN):
         return (h[nl_edges[0]].sum(1) * 0).sum() + h.sum(1)
 
 
-class _MeanOverAtoms(GraphBuildingMPNN):
-    """Standardises the owned features by a mean over the atoms (refused: no rule for a
-    mean over rows; the fix names a sum and a count)."""
+class _MedianOverAtoms(GraphBuildingMPNN):
+    """Centres the owned features on a median over the atoms (refused: a median over the rows
+    has no cross-rank rule; the fix names sums over the rows)."""
 
     def owned_energies(self, batch, positions, cell, owned_species):
         gp.keep_owned_receivers(*_graph(self, batch, positions, cell))
         h = self.embed[owned_species]
-        return (h - h.mean(0)).sum(1)
+        return (h - h.median(0).values).sum(1)
 
 
 def _graph(model, batch, positions, cell):
@@ -109,7 +122,7 @@ def _graph(model, batch, positions, cell):
 
 
 def _refused_worker(rank, world_size, name):
-    factory = {"sender read": _SenderReadOfOwnedBlock, "mean": _MeanOverAtoms}[name]
+    factory = {"sender read": _SenderReadOfOwnedBlock, "median": _MedianOverAtoms}[name]
     dm = DistributedModel(factory(cutoff=4.5, layers=1, species=(18, 8)), DomainConfig(cutoff=4.5, **ATEN_GP))
     batch = triclinic(species=(18, 8), reps=3)
     dm(dm.partition(batch if rank == 0 else None))
@@ -117,7 +130,7 @@ def _refused_worker(rank, world_size, name):
 
 @pytest.mark.parametrize(("name", "match"), [
     ("sender read", r"refuses `aten::index.*not atom rows.*Fix: .*gather_nodes"),
-    ("mean", r"refuses `aten::mean.*Fix: x.sum\(dim\) / count"),
+    ("median", r"refuses `aten::median.*Fix: write it from sums"),
 ])
 def test_misused_partition_is_refused_on_every_rank(name, match):
     with pytest.raises(RankFailure, match=match) as failure:

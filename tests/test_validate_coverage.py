@@ -233,9 +233,7 @@ VALIDATED_COUNTS = (2, 3)
 # under aten their validation must fail with that refusal as the diagnosis. A rule that
 # lands makes the case pass, which fails the test until the entry leaves the list.
 ATEN_REFUSES = {
-    "flattened_mean": "aten::mean",  # a mean over the rows: no rule yet (docs/aten_default_flip.md)
     "charge_mpnn": "aten::index_add_",  # self.readout.new_zeros(n).index_add_(...): a plain accumulator
-    "whole_system_mpnn": "aten::mean",
 }
 
 

@@ -28,6 +28,7 @@ from mlipdd.distributed.compiled_halo import CompiledHaloCall, compiled_on_ranks
 from mlipdd.distributed.compiled_partition import CompiledPartitionCall
 from mlipdd.distributed.config import DomainConfig, resolve_strategy
 from mlipdd.distributed.cuda_graph import TRIM_MARGIN, GraphedForceCall, edges_within
+from mlipdd.distributed.empty_rank import explained_on_an_empty_rank
 from mlipdd.plugins import get_strategy
 from mlipdd.shard.custom_ops import activated
 from mlipdd.spec.patching import installed
@@ -243,7 +244,8 @@ class DistributedModel(nn.Module):
                 if check_now:
                     agree_on_errors(_check_outputs(result), self.group)
                 return result
-            with self.strategy.model_scope(meta):
+            with self.strategy.model_scope(meta), explained_on_an_empty_rank(
+                    batch.positions.shape[0], group_rank(self.group), group_size(self.group)):
                 if self._graphed is not None:
                     outputs = self._graphed(model_batch, compute_stress)
                 elif self._compiled is not None:

@@ -41,10 +41,29 @@ def _kept(p: Rows, dims, keepdim: bool) -> Rows:
     return p if keepdim else p.moved(p.dim - sum(1 for d in dims if d < p.dim))
 
 
+def _identity_rows(local: torch.Tensor, row_dim: int, kind: str) -> torch.Tensor:
+    """One row of max's (min's) identity in place of none: a rank that holds none of the rows
+    still joins the all_reduce, which the identity leaves to the other ranks' values."""
+    shape = list(local.shape)
+    shape[row_dim] = 1
+    if local.dtype == torch.bool:
+        fill = kind == "min"
+    elif local.is_floating_point():
+        fill = -torch.inf if kind == "max" else torch.inf
+    else:
+        info = torch.iinfo(local.dtype)
+        fill = info.min if kind == "max" else info.max
+    return local.new_full(shape, fill)
+
+
 def _over_rows(func, args, kwargs, local, op):
     x = args[0]
+    kind = _KIND[func.overloadpacket]
+    row_dim = x._place.dim
+    if kind != "sum" and local.dim() > row_dim and local.shape[row_dim] == 0:
+        local = _identity_rows(local, row_dim, kind)
     part = op(local)
-    reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[_KIND[func.overloadpacket]]
+    reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[kind]
     return finish(func, args, comm.all_reduce(part, x._ctx.group, reduce_op), REPLICATE, x._ctx)
 
 

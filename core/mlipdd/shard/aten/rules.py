@@ -522,7 +522,8 @@ def _joined(func, args, kwargs, tensors):
 
 @rule(aten.cat.default)
 def cat(func, args, kwargs):
-    tensors = [t for t in args[0] if t.numel() or t.dim() > 1]
+    # torch lets an empty 1-D tensor join anything; a rank with no rows may hold only those
+    tensors = [t for t in args[0] if t.numel() or t.dim() > 1] or list(args[0])
     dim = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % max(t.dim() for t in tensors)
     locals_, place = _joined(func, args, kwargs, tensors)
     if dim == place.dim:

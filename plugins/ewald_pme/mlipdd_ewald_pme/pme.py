@@ -251,24 +251,51 @@ def mesh_error_functional(cell: torch.Tensor, dims, alpha: float, spline_order: 
     return _mesh_error_functional(key)
 
 
-@functools.lru_cache(maxsize=256)
-def _mesh_error_functional(key) -> float:
-    flat, dims, alpha, p, k_limit = key
+# NOTE [strided frequency sum]
+# A large cell holds many frequencies under 9 alpha (~10^7 at 1M ions), and the mesh search
+# evaluates Q for a dozen meshes: summed exactly that took 43 s at 100k ions and 186 s at 1M
+# on the first call (2 cores). The summand is smooth on the scale of alpha (phi^2's Gaussian,
+# the alias ratios in m / K) and decays to ~1e-17 at the sphere's edge, so past
+# _FREQUENCY_BUDGET frequencies the sum takes every s-th frequency per axis (the frequencies of
+# the cell shrunk s times) weighted s^3: a trapezoid rule on a smooth, decaying integrand,
+# whose error falls off exponentially in the points per alpha. Measured against the exact sum
+# (accuracy 1e-6, 10 A cutoff, order 6): 10k ions s = 2, 2.6e-7 relative in Q; 100k s = 3,
+# 5.7e-9. The set depends on the cell, alpha and the limit only: built once, it serves every
+# mesh the search tries. First call now 2.4 s at 10k and 100k, 0.7 s at 1M.
+_FREQUENCY_BUDGET = 1 << 16
+
+
+@functools.lru_cache(maxsize=8)
+def _frequencies(flat, k_limit: float, budget: int = _FREQUENCY_BUDGET):
+    """(m (k, 3), |k|^2 (k,), weight) of the frequencies with 0 < |k| <= k_limit, every
+    ``stride``-th per axis past ``budget`` of them (NOTE [strided frequency sum])."""
     cell = torch.tensor(flat, dtype=torch.float64).reshape(3, 3)
     inverse = torch.linalg.inv(cell)  # columns b_a (no 2 pi)
     metric = inverse.T @ inverse  # b_a . b_b
     bounds = [math.ceil(k_limit * float(length) / (2 * math.pi)) for length in cell.norm(dim=1)]
-    axes = [torch.arange(-b, b + 1, dtype=torch.float64) for b in bounds]
-    total = 0.0
-    # in blocks of first-axis frequencies: the box of a 1M-atom cell holds ~10^8 of them, and
-    # the alias sums take ~300 bytes each (all at once: 14 GB at 1M ions, 2 GB at 100k)
+    # the sphere holds ~pi/6 of its bounding box
+    stride = max(1, math.ceil((math.pi / 6 * math.prod(2 * b + 1 for b in bounds) / budget) ** (1 / 3)))
+    axes = [stride * torch.arange(-(b // stride), b // stride + 1, dtype=torch.float64) for b in bounds]
+    kept_m, kept_k2 = [], []
+    # in blocks of first-axis frequencies: the box can hold ~10^8 of them
     for block in axes[0].split(max(1, (1 << 20) // (len(axes[1]) * len(axes[2])))):
         m = torch.stack(torch.meshgrid(block, axes[1], axes[2], indexing="ij"), -1).reshape(-1, 3)
         k2 = 4 * math.pi**2 * torch.einsum("ka,ab,kb->k", m, metric, m)
         inside = (k2 <= k_limit**2) & (k2 > 0)
-        if bool(inside.any()):
-            total += _functional_terms(m[inside], k2[inside], metric, dims, alpha, p)
-    return total / float(torch.linalg.det(cell).abs())
+        kept_m.append(m[inside])
+        kept_k2.append(k2[inside])
+    return torch.cat(kept_m), torch.cat(kept_k2), float(stride**3), metric
+
+
+@functools.lru_cache(maxsize=256)
+def _mesh_error_functional(key) -> float:
+    flat, dims, alpha, p, k_limit = key
+    m, k2, weight, metric = _frequencies(flat, k_limit)
+    total = 0.0
+    for m_part, k2_part in zip(m.split(1 << 18), k2.split(1 << 18)):  # the alias sums: ~300 bytes each
+        total += _functional_terms(m_part, k2_part, metric, dims, alpha, p)
+    volume = abs(float(torch.linalg.det(torch.tensor(flat, dtype=torch.float64).reshape(3, 3))))
+    return weight * total / volume
 
 
 def _functional_terms(m, k2, metric, dims, alpha: float, p: int) -> float:

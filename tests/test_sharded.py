@@ -145,7 +145,6 @@ def test_halo_style_model_served_by_sharded_storage(world_size):
     result.assert_close()
 
 
-@pytest.mark.old_dispatch("issue 21 (h1): a sharded rank owning one atom is refused under aten (NOTE [a single row])")
 def test_rank_owning_as_many_atoms_as_systems_equals_one_process():
     """One atom per rank, one system: per-atom and per-system rows have the same count; the
     charge equilibration's per-system scatters are read by their index's placement
@@ -158,33 +157,13 @@ def test_rank_owning_as_many_atoms_as_systems_equals_one_process():
 
 
 def test_two_atoms_and_two_systems_per_rank_equal_one_process_under_aten():
-    """The same with two systems under the aten dispatch (a rank owning a single atom is
-    refused there: the next test)."""
+    """The same with two systems under the aten dispatch (one atom of each system per rank)."""
     cell = torch.eye(3, dtype=torch.float64) * 10.0
     data = [AtomicData(positions=[[2.0, 5.0, 5.0], [7.0, 5.0, 5.5 + shift]], atomic_numbers=[8, 1], cell=cell,
                        pbc=True) for shift in (0.0, 0.3)]
     result = check_conformance(qeq, Batch.from_data_list(data), 2,
                                config_kwargs={"strategy": "sharded", "grid": (2, 1, 1), "dispatch": "aten"})
     result.assert_close()
-
-
-def _single_atom_worker(rank, world_size, batch):
-    dm = DistributedModel(qeq(), DomainConfig(cutoff=4.5, strategy="sharded", grid=(2, 1, 1), dispatch="aten"))
-    owned = dm.partition(batch if rank == 0 else None)
-    try:
-        dm(owned)
-    except InputError as exc:
-        return str(exc)
-    return "no error"
-
-
-def test_rank_owning_a_single_atom_is_refused_on_every_rank_under_aten():
-    # NOTE [a single row] in mlipdd.strategy.aten_sharded: a size-1 row dim is moved by
-    # shape-dependent decompositions, so the aten dispatch refuses it before the model runs
-    cell = torch.eye(3, dtype=torch.float64) * 10.0
-    data = AtomicData(positions=[[2.0, 5.0, 5.0], [7.0, 5.0, 5.5]], atomic_numbers=[8, 1], cell=cell, pbc=True)
-    for message in run_ranks(_single_atom_worker, 2, Batch.from_data_list([data])):
-        assert "owns a single atom" in message and "strategy='halo'" in message, message
 
 
 def test_local_policy_is_refused_with_the_fix():

@@ -53,7 +53,6 @@ def two():
         yield calc
 
 
-@pytest.mark.old_dispatch("issue 21 (h1): a rank owning one atom: the aten view rule refuses its (3, 1, 1) rows")
 @pytest.mark.parametrize("nproc", [2, 3, 4])
 def test_a_single_atom_and_a_lone_atom_answer_at_several_ranks(nproc, one):
     """Ranks with nothing to do (was broken: the call hung for the 300 s collective timeout)."""

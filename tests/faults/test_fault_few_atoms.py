@@ -113,7 +113,6 @@ def test_halo_runs_tiny_systems_like_one_process(case, world_size):
     assert 0 in owned or case == "atom_evaporating"  # some rank really had nothing
 
 
-@pytest.mark.old_dispatch("issue 21 (h1): a sharded rank owning one atom is refused under aten (NOTE [a single row])")
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_sharded_runs_tiny_systems_like_one_process(case, world_size):
     """Sharded storage reads every tensor's placement too, so a rank owning as many atoms
@@ -168,7 +167,6 @@ def _stress_run(rank, world_size, case):
         return dp.batch.stress
 
 
-@pytest.mark.old_dispatch("issue 21 (h1): a rank owning one atom: the aten view rule refuses its (3, 1, 1) rows")
 def test_the_stress_of_a_lone_atom_on_two_ranks(world_size):
     """A rank holding one atom and no edges: its stress share is a plain 3 x 3 strain
     gradient, which a row-count guess once took for that rank's single atom row."""

@@ -26,6 +26,10 @@ read by sender index (``state[sender]``) and accumulated with in-place ``index_a
   (``"index_mean"``, ``"index_amax"``), which count every listed edge, so the result
   depends on the list's skin: compare them at skin 0; or sum them as a sparse adjacency
   matrix times the features (``first_layer="sparse"``).
+* `EinsumMPNN`: every product spelled with ``torch.einsum``: three operands per edge, an
+  outer product per edge, rows kept (``"nf,fg->ng"``), rows summed (a Gram matrix
+  ``"nf,ng->fg"``), the implicit output of ``"nf,f"``, an ellipsis; a rank owning one atom holds
+  rows of size 1, which torch's einsum takes for a broadcast dim (NOTE [a single row]).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from mlipdd.data import Batch
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig
 from mlipdd.testing.toy_models import cosine_envelope, species_rows, species_table
 
-__all__ = ["ChargeMPNN", "DegreeMPNN", "VectorMPNN", "WholeSystemMPNN"]
+__all__ = ["ChargeMPNN", "DegreeMPNN", "EinsumMPNN", "VectorMPNN", "WholeSystemMPNN"]
 
 
 class _OrdinaryMPNN(ModelWrapper):
@@ -213,3 +217,29 @@ class DegreeMPNN(_OrdinaryMPNN):
                 aggregated = summed / out_degree.unsqueeze(1)
             features = features + torch.tanh(aggregated @ update)
         return features @ self.readout
+
+
+class EinsumMPNN(_OrdinaryMPNN):
+    def __init__(self, cutoff: float = 4.5, features: int = 6, n_basis: int = 8, species=(1, 8),
+                 seed: int = 4, dtype=torch.float64):
+        super().__init__(cutoff, features, n_basis, species, seed, dtype)
+        self.radial = self._weight(n_basis, features)
+        self.update = self._weight(features, features)
+        self.readout = self._weight(features)
+
+    def atomic_energies(self, batch: Batch, positions: torch.Tensor, cell: torch.Tensor) -> torch.Tensor:
+        sender, receiver, unit, _d, _envelope, basis = self._edges(batch, positions, cell)
+        n_atoms, f = batch.num_atoms, self.features
+        features = self.embed[species_rows(self, batch.atomic_numbers)]
+        messages = torch.einsum("eb,bf,ef->ef", basis, self.radial, features[sender])
+        aggregated = torch.zeros(n_atoms, f, dtype=positions.dtype, device=positions.device)
+        aggregated = aggregated.index_add_(0, receiver, messages)
+        vectors = torch.zeros(n_atoms, 3, f, dtype=positions.dtype, device=positions.device)
+        vectors = vectors.index_add_(0, receiver, torch.einsum("ec,ef->ecf", unit, messages))
+        features = features + torch.tanh(torch.einsum("nf,fg->ng", aggregated, self.update))
+        invariant = torch.einsum("ncf,ncf->nf", vectors, vectors)
+        gram = torch.einsum("nf,ng->fg", features, features)  # a sum over the atoms
+        pooled = torch.einsum("...f,fg->...g", features, torch.tanh(gram))
+        total = torch.einsum("nf,f", features * features, self.readout).sum()  # implicit output: "n"
+        return (torch.einsum("nf,f->n", features + 0.1 * invariant, self.readout)
+                + 0.01 * torch.einsum("ng,g->n", pooled, self.readout) + 1e-3 * torch.tanh(total))

@@ -6,7 +6,10 @@ every routed read and per-system sum is a collective the other ranks wait in. ma
 layers take zero rows, except the symmetric contraction, whose optimised einsum reshapes
 to ``(rows, -1)`` (ambiguous for zero rows). `empty_rows_guard` evaluates each
 contraction on one zero row and keeps none of it, for one forward of a rank without
-rows; other calls never enter it.
+rows; other calls never enter it. It is the old (torch-function) dispatch's: under the aten
+dispatch the contraction runs on the zero rows themselves (its ``view(0, -1)`` is sized
+like the peers', `mlipdd.shard.aten.rules._sizes_of_no_rows`), and this ShardTensor class
+is not the aten one, so the guard steps aside.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ def _contraction_on_no_rows(contraction):
     original = contraction.forward
 
     def forward(x, y):
-        if x.shape[0] != 0:
+        if x.shape[0] != 0 or not isinstance(x, ShardTensor):
             return original(x, y)
         plain_x, plain_y = local(x), local(y)
         one_x = torch.cat([plain_x, plain_x.new_zeros((1, *plain_x.shape[1:]))])

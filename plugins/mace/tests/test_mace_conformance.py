@@ -31,14 +31,8 @@ test_mace_conformance = conformance_suite(
 
 # Sharded storage (MACE's preferred strategy on several ranks, what DomainConfig() picks
 # by default): each rank keeps only its owned rows (no ghost shell); mace's reads of
-# remote senders (node features, positions, system index) are routed to their owners.
+# remote senders (node features, positions, system index) are routed to their owners. At 3
+# ranks a rank owns no atom of these cells: mace runs on its zero rows.
 test_mace_conformance_sharded = conformance_suite(
-    FACTORY, species=SPECIES, spacing=2.5, world_sizes=(2, 4), config_kwargs={"strategy": "sharded"}
-)
-# Pinned (issue 21, docs/aten_default_flip.md): at 3 ranks a sharded rank owns no atom of these
-# cells and the aten dispatch refuses mace's readout `out[arange(n), heads]` there by name
-# (advanced indexing by two tensors on 0 rows); the old dispatch runs it exactly.
-test_mace_conformance_sharded_3_ranks = conformance_suite(
-    FACTORY, species=SPECIES, spacing=2.5, world_sizes=(3,),
-    config_kwargs={"strategy": "sharded", "dispatch": "torch_function"},
+    FACTORY, species=SPECIES, spacing=2.5, world_sizes=WORLD_SIZES, config_kwargs={"strategy": "sharded"}
 )

@@ -28,6 +28,12 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from mlipdd.shard.aten import comm
+from mlipdd.shard.aten.one_row_einsum import (
+    einsum_operands,
+    holds_a_single_row,
+    one_row_einsum,
+    parse,
+)
 from mlipdd.shard.aten.placement import Rows
 from mlipdd.shard.aten.tensor import ShardTensor
 
@@ -38,10 +44,17 @@ _SPREADS = {torch.var: "var", Tensor.var: "var", torch.std: "std", Tensor.std: "
 
 
 class CountedReductions(TorchFunctionMode):
-    """NOTE [aten means]; active around the model's forward."""
+    """NOTE [aten means]; active around the model's forward. It also spells an einsum on a
+    rank holding a single row shape-stably (NOTE [a single row] in `one_row_einsum`)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.einsum:  # NOTE [a single row] in mlipdd.shard.aten.one_row_einsum
+            call = einsum_operands(args, kwargs)
+            if call is not None and holds_a_single_row(call[1]):
+                spelled = parse(*call)
+                if spelled is not None:
+                    return one_row_einsum(*spelled, call[1])
         if (func in _MEANS or func in _SPREADS) and args and _counted(args[0]):
             x = args[0]
             if func in _MEANS:

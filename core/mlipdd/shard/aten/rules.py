@@ -367,6 +367,23 @@ def _probe_shapes(func, args, p: Rows, in_shape, out_shape):
     return tuple(probe_in), tuple(probe_out)
 
 
+def _sizes_of_no_rows(func, args, p: Rows, in_shape, sizes: list) -> list:
+    """``x.view(x.shape[0], -1)`` of this rank's zero rows: torch cannot infer the -1 from
+    zero elements ("can be any value"), the peers infer it from theirs. The rows kept where
+    they are (the one zero size at the rows' dim, the dims before it unchanged), the -1 is
+    what it is on every rank: the entries of a row over the known sizes after the rows."""
+    zeros = [d for d, size in enumerate(sizes) if size == 0]
+    if p.group == 1 and zeros == [p.dim] and list(sizes[: p.dim]) == list(in_shape[: p.dim]) \
+            and sizes.count(-1) == 1 and 0 not in in_shape[p.dim + 1:]:
+        known = math.prod(size for d, size in enumerate(sizes) if d > p.dim and size != -1)
+        per_row = math.prod(in_shape[p.dim + 1:])
+        if known and per_row % known == 0:
+            return [per_row // known if size == -1 else size for size in sizes]
+    return refuse(func, args, {}, f"a view of this rank's zero rows ({tuple(in_shape)} as {tuple(sizes)}) whose -1 "
+                  "zero elements cannot determine", "keep the rows as the outer dimension and name it "
+                  "(x.view(x.shape[0], -1))")
+
+
 def _groups_fit(in_shape, p: Rows, group: int) -> bool:
     if group % p.group == 0:  # merged with whole dims after the rows
         need, prod = group // p.group, 1
@@ -385,6 +402,8 @@ def _empty_rows(ctx, p):
 @rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 def view(func, args, kwargs):
     x = args[0]
+    if x.numel() == 0 and -1 in list(args[1]) and 0 in list(args[1]):  # torch: "-1 can be any value"
+        args = (x, _sizes_of_no_rows(func, args, x._place, tuple(x.shape), list(args[1])), *args[2:])
     out = run_local(func, args, kwargs)
     place = _view_place(func, args, x._place, tuple(x.shape), tuple(out.shape)) or x._place.moved(0)
     return finish(func, args, out, place, x._ctx)

@@ -18,6 +18,7 @@ from mlipdd.models.pipeline import PipelineModelWrapper
 from mlipdd.shard import as_atom_rows
 from mlipdd.shard.aten import AtenRefusal, ShardTensor, declare_row_local
 from mlipdd.shard.aten.row_local import USER_ROW_LOCAL
+from mlipdd.shard.aten.rules import default_fix
 from mlipdd.strategy import GraphPartitionStrategy, HaloStrategy, ShardedStrategy
 from mlipdd.strategy.aten_halo import AtenHaloStrategy
 from mlipdd.strategy.aten_sharded import AtenShardedStrategy
@@ -177,6 +178,27 @@ def test_a_declared_row_local_op_runs():
         USER_ROW_LOCAL.discard(op)
     reference = model(batch)
     assert torch.allclose(out["energy"], reference["energy"], rtol=1e-12)
+
+
+class OverwritesRows(LennardJones):
+    """Writes atom energies by an index (``scatter``, not ``scatter_add``): no cross-rank rule."""
+
+    def atomic_energies(self, batch, positions, cell):
+        energies = super().atomic_energies(batch, positions, cell)
+        return energies.scatter(0, batch.batch, energies)
+
+
+def test_the_fix_of_a_refusal_depends_on_the_kind_of_op():
+    """NOTE [the fix a refusal names]: declare_row_local is suggested for an elementwise op only."""
+    dm = checked_at_one_rank(DistributedModel(OverwritesRows(epsilon=0.0104, sigma=3.4, cutoff=7.0),
+                                              DomainConfig(cutoff=7.0, **ATEN)))
+    with pytest.raises(AtenRefusal, match="aten::scatter") as refused:
+        dm(dm.partition(triclinic(reps=3)))
+    assert "declare_row_local" not in str(refused.value) and "scatter_add" in str(refused.value)
+    aten = torch.ops.aten
+    assert "declare_row_local('aten::sinc')" in default_fix(aten.sinc.default)
+    for op in (aten.scatter_.src, aten.index_copy.default, aten.cumsum.default, aten.mul.Tensor, aten.sum.default):
+        assert "declare_row_local" not in default_fix(op), op  # not elementwise, or row-local / ruled already
 
 
 class ComparesRows(LennardJones):

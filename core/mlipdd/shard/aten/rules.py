@@ -94,14 +94,42 @@ def refuse(func, args, kwargs, why: str, fix: str = ""):
         fix = (f"give `{op_name(func.overloadpacket)}` an OpAdapter in the spec "
                "(DistributionSpec.custom_ops: which arguments are atom rows, which outputs are per atom "
                "or summed), so the dispatch knows what crosses ranks")
-    fix = fix or ("rewrite the step with ops that have a rule (index_select / index_add / scatter_add "
-                  "by the edge index, sums over the rows, row-local math), or, if the op truly acts on "
-                  "each row alone, declare it: mlipdd.shard.aten.declare_row_local"
-                  f"('{op_name(func.overloadpacket)}')")
+    fix = fix or default_fix(func)
     raise AtenRefusal(
         f"mlipdd aten dispatch refuses `{op_name(func)}` on distributed rows: {why}. "
         f"Arguments: {'; '.join(described)}. Fix: {fix}."
     )
+
+
+# NOTE [the fix a refusal names]
+# `declare_row_local` makes an op run through the row-local rule: operands aligned on the
+# rows, each output row from the same input rows, elementwise. Suggested for an op that is
+# elementwise in kind (torch tags it ``pointwise``: ``aten::sinc``, ``aten::special_*``),
+# has no rule of its own (a rule takes precedence, NOTE [aten precedence]: a declaration
+# would change nothing) and is not row-local already. For any other op the declaration
+# would be a wrong answer (``aten::scatter_`` writes rows by an index's values, ``cumsum``
+# runs along a dim, which may be the rows): the fix then names the ops to rewrite with,
+# and for index writes the ones that add.
+_REWRITE = ("rewrite the step with ops that have a rule (index_select / index_add / scatter_add by the edge "
+            "index, sums over the rows, row-local math)")
+
+
+def default_fix(func) -> str:
+    """NOTE [the fix a refusal names]: the fix of a refusal that names none, by the op's kind."""
+    name = op_name(func.overloadpacket)
+    if _declarable(func):
+        return (f"{_REWRITE}, or, since `{name}` is elementwise, if it truly acts on each row alone, declare it: "
+                f"mlipdd.shard.aten.declare_row_local('{name}')")
+    if any(word in func.overloadpacket.__name__ for word in ("scatter", "index", "put", "gather", "take")):
+        return ("read rows by the edge index (x[sender], index_select, gather) and add into atom rows "
+                "(index_add, scatter_add, index_put(..., accumulate=True)); a write that overwrites rows by "
+                "an index (scatter, index_copy, index_fill) has no cross-rank rule")
+    return _REWRITE
+
+
+def _declarable(func) -> bool:
+    return (torch.Tag.pointwise in getattr(func, "tags", ()) and not is_row_local(func)
+            and func not in RULES and func.overloadpacket not in RULES)
 
 
 def ctx_of(args, kwargs):

@@ -250,6 +250,9 @@ def _replicated(func, args, kwargs):
 def row_local(func, args, kwargs):
     """Operands aligned on one row dimension (broadcast like torch), one kind of rows;
     shares summed first unless the op is linear in them."""
+    added = _plain_addend_as_shares(func, args, kwargs)
+    if added is not None:
+        func, args = added
     original = args
     tensors = [a for a in flat_args(args, kwargs) if isinstance(a, torch.Tensor)]
     ndim = max(t.dim() for t in tensors)
@@ -306,6 +309,59 @@ def row_local(func, args, kwargs):
     if isinstance(out, torch.Tensor) and out.dim() != ndim:  # an op that reduced (rare in the table)
         refuse(func, args, kwargs, "its result does not keep the operands' dimensions")
     return finish(func, original, out, place, ctx)
+
+
+# NOTE [shares plus a replicated value]
+# Stress comes from the strain route: the strained positions are ``[owned | ghost]`` rows
+# whose ghost rows sit at their IMAGES (owner + lattice shift), and the virial is the
+# contraction of those rows with the energy's gradient by row, ghost rows included: the
+# gradient's SHARES are the partial derivatives by row (an edge's pull on a ghost image
+# belongs to that image, and its lattice shift is what the cell term of the stress needs).
+# Summing the shares into their owners first keeps every atom's force but moves each
+# ghost's pull to the owner's position, dropping ``shift (x) share`` from the virial. That
+# is what ``shares + replicated`` did when it took the OWNED kind: autograd adds the
+# gradient of an energy term in raw positions (``positions.sum()``, ``.mean()``, a
+# centre of mass, ``(positions @ W).sum()``: an expanded replicated value) to the edges'
+# shares, and the stress came out 1e-4 .. 1e-1 off with exact energy and forces. A plain
+# addend (replicated tensor uniform along the rows, or a number) is a value per atom, so
+# its shares are its owned rows with zero ghost rows: added so, the sum stays SHARES
+# (the same value) and keeps the partials by row.
+def _plain_addend_as_shares(func, args, kwargs):
+    """NOTE [shares plus a replicated value]: ``shares +- plain`` with the plain addend as
+    shares (its owned rows, zero ghost rows); None when the call is not of that form."""
+    name = func.overloadpacket.__name__.rstrip("_")
+    if name not in ("add", "sub", "rsub") or len(args) < 2:
+        return None
+    a, b = args[0], args[1]
+    rows_at = [i for i, t in enumerate((a, b)) if rows_of(t)]
+    if len(rows_at) != 1 or rows_of((a, b)[rows_at[0]]).kind != SHARES:
+        return None
+    shares, other_at = (a, b)[rows_at[0]], 1 - rows_at[0]
+    other = (a, b)[other_at]
+    if isinstance(other, bool) or not isinstance(other, (torch.Tensor, int, float)):
+        return None
+    if is_inplace(func) and other_at == 0:  # written into the plain tensor: the generic path
+        return None
+    p = shares._place
+    other_local = unwrap(other)
+    ndim = max(shares.dim(), other_local.dim() if isinstance(other_local, torch.Tensor) else 0)
+    out_dim = p.dim + ndim - shares.dim()
+    if isinstance(other_local, torch.Tensor):
+        shape = torch.broadcast_shapes(shares.shape, other_local.shape)
+        if other_local.dim() and not uniform_along(other_local, out_dim - (ndim - other_local.dim())):
+            return None  # refused by the generic path, with its message
+    else:
+        shape = shares.shape
+    if tuple(shape) != tuple(shares.shape) and is_inplace(func):
+        return None
+    dtype = torch.result_type(shares._local, other_local)
+    full = torch.as_tensor(other_local, dtype=dtype, device=shares.device).expand(shape).contiguous()
+    full = comm.zero_ghosts(full, out_dim, shares._ctx.plan, p.group)
+    new = list(args)
+    new[other_at] = ShardTensor(full, Rows(out_dim, SHARES, p.group), shares._ctx, "a plain addend as shares")
+    if not isinstance(other, torch.Tensor):  # a number's overload (add.Scalar) takes no tensor there
+        func = func.overloadpacket.Tensor
+    return func, tuple(new)
 
 
 def _same_row_test(func, tensors, rows) -> bool:

@@ -23,6 +23,7 @@ from mlipdd.shard.aten.counted import CountedReductions
 from mlipdd.shard.aten.factories import factory_rows
 from mlipdd.shard.aten.placement import Replicate
 from mlipdd.shard.exchange import pad
+from mlipdd.strategy.aten_skin import edges_in_cutoff
 from mlipdd.strategy.halo import HaloStrategy, model_inputs
 
 
@@ -74,9 +75,12 @@ class AtenHaloStrategy(HaloStrategy):
             plain = Batch._from_dicts(node, dict(batch.system))
             plain.neighbors, plain.n_owned = state.neighbors, batch.num_atoms
             return plain, None
-        ctx = HaloContext(plan=state.plan, n_edges=state.neighbors.num_edges, group=self.group)
         positions = batch.positions.detach().requires_grad_(True)
         padded_positions = self.halo.padded_positions(positions, batch.cell, state)
+        neighbors = state.neighbors
+        if self.halo.skin > 0:  # NOTE [skin edges under aten]
+            neighbors = edges_in_cutoff(neighbors, padded_positions, batch.cell, batch.batch, self.halo.cutoff)
+        ctx = HaloContext(plan=state.plan, n_edges=neighbors.num_edges, group=self.group)
 
         def atoms(t, name, values=None):
             return from_local(t, Rows(0, GHOSTED, values=values), ctx, name)
@@ -88,7 +92,7 @@ class AtenHaloStrategy(HaloStrategy):
             "atom_ids": torch.cat([batch.atom_ids, state.ghost_ids]),
         }
         node.update({name: atoms(pad(value, state.plan), name) for name, value in model_inputs(batch).items()})
-        return rows_batch(node, batch, state.neighbors, ctx), ctx
+        return rows_batch(node, batch, neighbors, ctx), ctx
 
     def consolidate(self, outputs: dict, meta: HaloContext | None, spec, autograd_outputs) -> dict:
         result = {}

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 from mlipdd.data import Batch
 from mlipdd.shard.aten import GHOSTED, HaloContext, Rows, from_local
+from mlipdd.shard.aten import comm
 from mlipdd.shard.aten.comm import OwnedRowsOnly
 from mlipdd.strategy.aten_halo import AtenHaloStrategy, rows_batch
+from mlipdd.strategy.aten_skin import edges_in_cutoff
 from mlipdd.strategy.halo import model_inputs
 from mlipdd.strategy.sharded import ShardedStrategy
 
@@ -44,9 +46,13 @@ class AtenShardedStrategy(ShardedStrategy):
             return AtenHaloStrategy.model_batch(self, batch, spec)  # its one-rank branch reads only the list
         if getattr(self, "_storage", (None,))[0] is not state:  # one per rebuild: HaloContext keys on it
             self._storage = (state, OwnedRowsOnly(batch.num_atoms))
-        ctx = HaloContext(plan=self._storage[1], n_edges=state.neighbors.num_edges, group=self.group,
-                          reads=state.plan)
         positions = batch.positions.detach().requires_grad_(True)
+        neighbors = state.neighbors
+        if self.halo.skin > 0:  # NOTE [skin edges under aten]: the request table's rows fetched (one all_to_all)
+            rows = comm.fetch(positions.detach(), 0, state.plan)
+            neighbors = edges_in_cutoff(neighbors, rows, batch.cell, batch.batch, self.halo.cutoff)
+        ctx = HaloContext(plan=self._storage[1], n_edges=neighbors.num_edges, group=self.group,
+                          reads=state.plan)
 
         def atoms(t, name, values=None):
             return from_local(t, Rows(0, GHOSTED, values=values), ctx, name)
@@ -58,4 +64,4 @@ class AtenShardedStrategy(ShardedStrategy):
             "atom_ids": batch.atom_ids,
         }
         node.update({name: atoms(value, name) for name, value in model_inputs(batch).items()})
-        return rows_batch(node, batch, state.neighbors, ctx), ctx
+        return rows_batch(node, batch, neighbors, ctx), ctx

@@ -1,7 +1,7 @@
 """Models that COUNT the listed edges, at the default skin, under the aten dispatch (NOTE [skin edges under aten]).
 
 GCN degrees by ``torch.bincount(receiver)`` (the idiom zoo's GCNDegreeNorm) and a mean over a
-receiver's edges by a count of ones (`MeanOverListedEdges`) count every edge of the list; the ranks' lists reach ``cutoff + skin``, one process's only the cutoff. The zoo runs them at
+receiver's edges by a count of ones (`mlipdd.testing.idiom_zoo.segments.MeanOverListedEdges`) count every edge of the list; the ranks' lists reach ``cutoff + skin``, one process's only the cutoff. The zoo runs them at
 skin 0, where they were exact; at the default skin 0.5 GCNDegreeNorm was 1.1e-3 off in energy with every
 op through an exact rule. Halo and sharded storage at 2/3/4 gloo ranks, float64, triclinic, a cell whose
 ranks see their own images, a slab with vacuum, the default skin and a wide one: energy, forces and stress
@@ -11,20 +11,10 @@ to 1e-10 relative of one process.
 from __future__ import annotations
 
 import pytest
-import torch
 from mlipdd.testing.conformance import check_conformance_cases
 from mlipdd.testing.idiom_zoo import ZOO
-from mlipdd.testing.idiom_zoo.segments import _CustomAggregation
+from mlipdd.testing.idiom_zoo.segments import MeanOverListedEdges
 from mlipdd.testing.systems import slab, small_cell, triclinic
-
-
-class MeanOverListedEdges(_CustomAggregation):
-    """Messages averaged over a receiver's listed edges: their count is an index_add of ones."""
-
-    def aggregate(self, messages, e, n_atoms):
-        count = messages.new_zeros(n_atoms).index_add(0, e.receiver, torch.ones_like(e.distance))
-        total = messages.new_zeros(n_atoms, messages.shape[1]).index_add(0, e.receiver, messages)
-        return total / count.clamp(min=1.0).unsqueeze(1)
 
 
 MODELS = {"GCNDegreeNorm": ZOO["GCNDegreeNorm"], "MeanOverListedEdges": MeanOverListedEdges}

@@ -28,6 +28,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from mlipdd.shard.aten import comm
+from mlipdd.shard.aten.contraction_order import ordered_contraction
 from mlipdd.shard.aten.one_row_einsum import (
     einsum_operands,
     holds_a_single_row,
@@ -45,7 +46,8 @@ _SPREADS = {torch.var: "var", Tensor.var: "var", torch.std: "std", Tensor.std: "
 
 class CountedReductions(TorchFunctionMode):
     """NOTE [aten means]; active around the model's forward. It also spells an einsum on a
-    rank holding a single row shape-stably (NOTE [a single row] in `one_row_einsum`)."""
+    rank holding a single row shape-stably (NOTE [a single row] in `one_row_einsum`) and
+    contracts products over rows in one order on every rank (NOTE [contraction order])."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -65,7 +67,8 @@ class CountedReductions(TorchFunctionMode):
                 dims, correction, keepdim = _spread_args(args[1:], kwargs)
                 if _over_rows(x, dims) and x.is_floating_point():
                     return _spread(_SPREADS[func], x, dims, correction, keepdim)
-        return func(*args, **kwargs)
+        ordered = ordered_contraction(func, args, kwargs)  # NOTE [contraction order]
+        return func(*args, **kwargs) if ordered is NotImplemented else ordered
 
 
 def _counted(x) -> bool:

@@ -69,7 +69,6 @@ def test_thin_cell_is_thinner_than_two_cutoffs():
     assert float(spacings.max()) < 2 * VectorMPNN().cutoff
 
 
-@pytest.mark.old_dispatch("issue 21 (h1): a parameter's new_zeros then index_add_ is refused under aten sharded storage")
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_ordinary_models_under_sharded_storage_equal_one_process(world_size):
     parts = run_ranks(_every_case, world_size, timeout=600)

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from mlipdd.comm import group_size
+from mlipdd.shard.internal import internal
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class ExchangePlan:
 SENT_BYTES = {"total": 0}
 
 
+@internal  # NOTE [internal factories]: plain c10d buffers
 def all_to_all_rows(rows: torch.Tensor, send_counts, recv_counts, group=None) -> torch.Tensor:
     """Send ``rows`` (grouped by destination) and return the rows received (grouped by source)."""
     out = rows.new_empty((sum(recv_counts), *rows.shape[1:]))
@@ -68,10 +70,12 @@ def all_to_all_rows(rows: torch.Tensor, send_counts, recv_counts, group=None) ->
     return out
 
 
+@internal
 def _send_forward(owned: torch.Tensor, plan: ExchangePlan) -> torch.Tensor:
     return all_to_all_rows(owned.index_select(0, plan.send_index), plan.send_counts, plan.recv_counts, plan.group)
 
 
+@internal
 def _send_reverse(ghost: torch.Tensor, plan: ExchangePlan, like: torch.Tensor) -> torch.Tensor:
     """Ghost partials back to their owners, summed into a tensor shaped like ``like`` (owned rows)."""
     back = all_to_all_rows(ghost, plan.recv_counts, plan.send_counts, plan.group)
@@ -87,6 +91,7 @@ class _Pad(torch.autograd.Function):
     """owned (n_owned, ...) -> padded (n_padded, ...); ghost rows = owner rows (+ shift)."""
 
     @staticmethod
+    @internal
     def forward(ctx, owned, plan, ghost_shift):
         ctx.plan = plan
         ghost = _send_forward(owned, plan)
@@ -95,6 +100,7 @@ class _Pad(torch.autograd.Function):
         return torch.cat([owned, ghost])
 
     @staticmethod
+    @internal
     def backward(ctx, grad):
         plan = ctx.plan
         owned_grad = grad[: plan.n_owned]
@@ -105,12 +111,14 @@ class _Fill(torch.autograd.Function):
     """padded -> padded with ghost rows overwritten by their owners' rows."""
 
     @staticmethod
+    @internal
     def forward(ctx, padded, plan):
         ctx.plan = plan
         owned = padded[: plan.n_owned]
         return torch.cat([owned, _send_forward(owned, plan)])
 
     @staticmethod
+    @internal
     def backward(ctx, grad):
         plan = ctx.plan
         owned_grad = grad[: plan.n_owned]
@@ -122,6 +130,7 @@ class _Accumulate(torch.autograd.Function):
     """padded -> padded with ghost partials added into their owners; ghost rows zeroed."""
 
     @staticmethod
+    @internal
     def forward(ctx, padded, plan):
         ctx.plan = plan
         owned = padded[: plan.n_owned]
@@ -129,6 +138,7 @@ class _Accumulate(torch.autograd.Function):
         return torch.cat([owned, torch.zeros_like(padded[plan.n_owned :])])
 
     @staticmethod
+    @internal
     def backward(ctx, grad):
         plan = ctx.plan
         owned_grad = grad[: plan.n_owned]
@@ -145,6 +155,7 @@ class _AllReduceSum(torch.autograd.Function):
     """
 
     @staticmethod
+    @internal
     def forward(ctx, partial, group):
         total = partial.clone()
         if group_size(group) > 1:
@@ -152,6 +163,7 @@ class _AllReduceSum(torch.autograd.Function):
         return total
 
     @staticmethod
+    @internal
     def backward(ctx, grad):
         return grad, None
 

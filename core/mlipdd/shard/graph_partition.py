@@ -48,6 +48,7 @@ import torch.distributed as dist
 from mlipdd.data import InputError
 from mlipdd.shard import traced_collectives as traced
 from mlipdd.shard.exchange import all_reduce_sum
+from mlipdd.shard.internal import internal
 
 __all__ = ["NodePartition", "PartitionScope", "current_partition", "gather_nodes", "gather_rows",
            "keep_owned_receivers", "local_receivers", "owned_rows", "owned_slice",
@@ -286,6 +287,7 @@ def _padded(p: NodePartition) -> int:
     return max(p.sizes)
 
 
+@internal  # NOTE [internal factories]
 def gather_rows(x_owned: torch.Tensor, p: NodePartition) -> torch.Tensor:
     """Plain (no autograd) all_gather of every rank's owned block, in rank order."""
     if p.world_size == 1:
@@ -300,6 +302,7 @@ def gather_rows(x_owned: torch.Tensor, p: NodePartition) -> torch.Tensor:
     return torch.cat([out[r * m : r * m + s] for r, s in enumerate(p.sizes)])
 
 
+@internal  # NOTE [internal factories]
 def reduce_scatter_rows(x_full: torch.Tensor, p: NodePartition) -> torch.Tensor:
     """Plain (no autograd) sum over ranks of a full-rows tensor; returns the owned block."""
     if p.world_size == 1:

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from mlipdd.comm import group_size
 from mlipdd.shard.exchange import _send_forward, _send_reverse
+from mlipdd.shard.internal import internal
 
 
 class OwnedRowsOnly:
@@ -55,33 +56,39 @@ def _zero_ghosts(local, plan):
     return torch.cat([local[: plan.n_owned], torch.zeros_like(local[plan.n_owned :])])
 
 
+@internal
 def accumulate(local: torch.Tensor, dim: int, plan, group: int = 1) -> torch.Tensor:
     """SHARES -> owned rows complete, ghost rows zero (valid as OWNED and as SHARES)."""
     return _rows_first(_accumulate, local, dim, plan, group)
 
 
+@internal
 def fill(local: torch.Tensor, dim: int, plan, group: int = 1) -> torch.Tensor:
     """OWNED -> GHOSTED: every ghost row becomes its owner's row."""
     return _rows_first(_fill, local, dim, plan, group)
 
 
+@internal
 def zero_ghosts(local: torch.Tensor, dim: int, plan, group: int = 1) -> torch.Tensor:
     """GHOSTED/OWNED -> SHARES: the ghost rows' share is nothing."""
     return _rows_first(_zero_ghosts, local, dim, plan, group)
 
 
+@internal
 def fetch(local: torch.Tensor, dim: int, reads) -> torch.Tensor:
     """Sharded storage: owned rows -> ``[owned | request table]``, the rows an edge index
     names (each remote row sent by its owner: one all_to_all)."""
     return _rows_first(_fill, local, dim, reads)
 
 
+@internal
 def deliver(table: torch.Tensor, dim: int, reads) -> torch.Tensor:
     """Sharded storage: ``[owned | request table]`` sums -> owned rows, each request-table
     row sent to its owner and added there (one all_to_all; the adjoint of `fetch`)."""
     return _rows_first(_accumulate, table, dim, reads).narrow(dim, 0, reads.n_owned)
 
 
+@internal
 def all_reduce(local: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
     out = local.clone()
     if group_size(group) > 1:
@@ -89,6 +96,7 @@ def all_reduce(local: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor
     return out
 
 
+@internal
 def global_count(n: int, group) -> int:
     """A count summed over ranks (a host value: one small all_reduce)."""
     if group_size(group) == 1:

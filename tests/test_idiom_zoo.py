@@ -60,10 +60,11 @@ KNOWN_LOST_RANKS = _cases("""
 """)
 
 # models the aten dispatch (the default) stops with torch's own error, not a refusal naming the
-# op (issue 21, after the flip): `.tolist()` of a ShardTensor (SpeciesNetworks, PerSystemSplit),
-# a size mismatch (RepeatInterleaveState). Not wrong, not explained: not strict, since a rank
-# count or system where the refusal comes first passes.
-KNOWN_BARE_REFUSALS = {"SpeciesNetworks", "PerSystemSplit", "RepeatInterleaveState"}
+# op (not strict: a rank count or system where the refusal comes first passes). Empty since
+# `.tolist()` of a replicated ShardTensor is its list and of rows a refusal (NOTE [host reads of
+# a ShardTensor]: SpeciesNetworks, PerSystemSplit) and a replicated operand sized for the whole
+# system beside rows is refused by name (RepeatInterleaveState's repeat_interleave).
+KNOWN_BARE_REFUSALS: set[str] = set()
 
 
 class BareRefusal(AssertionError):

@@ -268,8 +268,18 @@ def row_local(func, args, kwargs):
         if p.is_atoms() != first.is_atoms():
             refuse(func, args, kwargs, "it combines atom rows with edge rows",
                    "read the atom rows for each edge first (x.index_select(0, sender))")
+    n_rows = rows[0].shape[first.dim]
     for t in tensors:
-        if not rows_of(t) and not uniform_along(t, out_dim - (ndim - t.dim())):
+        along = out_dim - (ndim - t.dim())
+        if not rows_of(t) and along >= 0 and t.shape[along] not in (1, n_rows):
+            # torch would stop with a bare size mismatch (on the ranks whose count differs)
+            refuse(func, args, kwargs, f"a replicated or plain operand has {t.shape[along]} entries along the row "
+                   f"dimension, where this rank holds {n_rows} rows: it is laid out for the whole system, as one "
+                   "process holds it (torch.repeat_interleave(per_system, atoms_per_system), a size read from a "
+                   "global count), not for this rank's rows",
+                   "read per-system values by each row's system index (per_system[batch.batch]), and build "
+                   "per-row tensors from the distributed ones (torch.zeros_like(x))")
+        if not rows_of(t) and not uniform_along(t, along):
             refuse(func, args, kwargs, "a replicated or plain operand has one value per row: its rows are not "
                    "distributed, so they cannot be this rank's rows",
                    "build it from the distributed tensors (torch.zeros_like(x), x[sender], ...), not from "
@@ -587,7 +597,10 @@ def split(func, args, kwargs):
     dim %= x.dim()
     p = x._place
     if dim == p.dim:
-        refuse(func, args, kwargs, "it splits the row dimension")
+        refuse(func, args, kwargs, "it splits the row dimension: this rank's rows are not the whole system's "
+               "in one process's order, so no block of them is one system's or one chunk's atoms",
+               "pool per system with a scatter by the system index (h.new_zeros(n_systems, F).index_add(0, "
+               "batch.batch, h), divided by torch.bincount(batch.batch) for a mean), or keep the step row-local")
     out = run_local(func, args, kwargs)
     if func.overloadpacket is aten.unbind:
         p = p.moved(p.dim - (1 if dim < p.dim else 0))

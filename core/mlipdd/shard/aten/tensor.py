@@ -114,6 +114,27 @@ class ShardTensor(torch.Tensor):
     def placement(self):
         return self._place
 
+    # NOTE [host reads of a ShardTensor]
+    # ``.tolist()`` and ``.numpy()`` read the data on the host without an aten op, so no rule
+    # sees them, and torch refuses them for any tensor subclass with a bare RuntimeError.
+    # A replicated value is the same on every rank: its list is exact. Rows are this rank's
+    # rows (a list of them differs between ranks): refused by name, on every rank (each rank
+    # holds the same placement at the same line of the model).
+    def tolist(self):
+        return self._host_read("tolist").tolist()
+
+    def numpy(self, *, force: bool = False):
+        return self._host_read("numpy").numpy(force=force)
+
+    def _host_read(self, what: str) -> torch.Tensor:
+        if isinstance(self._place, Rows):
+            raise AtenRefusal(
+                f"mlipdd aten dispatch refuses `Tensor.{what}` on {self._place} {tuple(self.shape)} from "
+                f"`{self._origin}`: a host copy of this rank's rows (each rank holds other atoms or edges). "
+                "Fix: reduce over the rows first (a sum, torch.unique or torch.bincount by the values gives "
+                "the whole system's value on every rank), or keep the step in tensor ops")
+        return self._local.detach()
+
     # torch.compile: the local tensor is the inner tensor; placement and context are static
     # metadata (the origin, for messages only, is left out: it would split guards)
     def __tensor_flatten__(self):

@@ -74,9 +74,11 @@ def test_dispatch_chosen_by_config_env_model_and_strategy(monkeypatch):
     assert strategy_for_dispatch(HaloStrategy, plain, PipelineModelWrapper([lj(), ToyMPNN()])) is AtenHaloStrategy
     compiled = DomainConfig(cutoff=3.0, compile=True)
     assert strategy_for_dispatch(HaloStrategy, compiled, world_size=1) is AtenHaloStrategy  # the plain model
-    assert strategy_for_dispatch(HaloStrategy, compiled, world_size=2) is HaloStrategy  # its eager checks
-    with pytest.raises(InputError, match="at several ranks"):
-        strategy_for_dispatch(HaloStrategy, DomainConfig(cutoff=3.0, dispatch="aten", compile=True), world_size=2)
+    # several ranks: the compiled region reads plain rows, its eager checks run the default too
+    assert strategy_for_dispatch(HaloStrategy, compiled, world_size=2) is AtenHaloStrategy
+    assert strategy_for_dispatch(ShardedStrategy, compiled, world_size=2) is AtenShardedStrategy
+    old_compiled = DomainConfig(cutoff=3.0, compile=True, dispatch="torch_function")
+    assert strategy_for_dispatch(HaloStrategy, old_compiled, world_size=2) is HaloStrategy  # when asked for
     monkeypatch.setenv("MLIPDD_DISPATCH", "aten")  # the env wins over the model's declaration
     assert strategy_for_dispatch(HaloStrategy, plain, old_model) is AtenHaloStrategy
     monkeypatch.setenv("MLIPDD_DISPATCH", "")  # set but empty: unset, as in a shell

@@ -44,6 +44,7 @@ def _on_ranks(rank, world_size, calls):
         step = 0.05 * torch.randn(a_batch.positions.shape, generator=generator)
         for batch in (a_batch, b_batch):
             batch.node["positions"] = batch.positions + step
+    assert type(compiled.strategy) is type(eager.strategy)  # the checks ran the run's dispatch (aten by default)
     return worst, compiled.compile_stats, compiled._compiled.traced_collectives
 
 

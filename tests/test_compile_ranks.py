@@ -75,6 +75,7 @@ def _md_on_ranks(rank, world_size, steps, storage="halo"):
             batch.node["positions"] = batch.positions + 0.5 * batch.node["velocities"]
         now = set(owned.atom_ids.tolist())
         moved, ids = moved + len(now ^ ids), now
+    assert type(compiled.strategy) is type(eager.strategy)  # the checks ran the run's dispatch (aten by default)
     return worst, compiled.compile_stats, eager.strategy.rebuilds, moved
 
 

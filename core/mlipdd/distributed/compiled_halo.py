@@ -66,7 +66,7 @@ Under sharded storage the eager forward keeps owned rows only and routes each re
 remote row to its owner, per op, through the ShardTensor dispatch, which dynamo cannot
 trace. Compiled, the sharded strategy's own halo plan (the one its request table is
 rewritten from, deepened as above) hands the compiled region plain ``[owned | ghost]``
-rows for the duration of the call (`halo_view`): the per-atom state between calls is
+rows for the duration of the call (`HaloRows`): the per-atom state between calls is
 owned rows, as in the eager run (the halo plan, its ghost ids and list, is kept beside
 the sharded one); inside the call the ghost shell is materialised once, as halo storage
 does, instead of the per-op request tables. The checks compare with the
@@ -86,10 +86,11 @@ from mlipdd.distributed.compiled import CompiledForceCall, differs_from_eager
 from mlipdd.distributed.compiled_sums import OWNED_ROWS, RANKS, summing_over_ranks
 from mlipdd.models.base import ModelWrapper, per_system_sum, strained
 from mlipdd.neighbors import NeighborList, build_neighbor_list
-from mlipdd.shard.tensor import local
-from mlipdd.strategy.halo import HaloStrategy
+from mlipdd.shard.exchange import all_reduce_sum, halo_accumulate, pad
+from mlipdd.spec.kinds import OutputKind
+from mlipdd.strategy.halo import HaloStrategy, model_inputs
 
-__all__ = ["CompiledHaloCall", "compiled_on_ranks", "halo_view", "is_energy_model", "receptive_hops",
+__all__ = ["CompiledHaloCall", "HaloRows", "compiled_on_ranks", "is_energy_model", "receptive_hops",
            "refusal_on_ranks"]
 
 OWNED = OWNED_ROWS  # a float node field: 1 on owned rows, 0 on ghost rows (float: not an integer input)
@@ -156,35 +157,77 @@ def refusal_on_ranks(model, world_size: int) -> InputError | None:
     return None
 
 
-class _HaloView(HaloStrategy):
-    """The halo rows of a sharded strategy's plan (NOTE [sharded, compiled]): its planner,
-    its latest halo state, halo storage's model batch and consolidation."""
+class HaloRows:
+    """The plain ``[owned | ghost]`` rows of a spatial strategy's halo plan, and their
+    consolidation: what the compiled region reads and returns (no ShardTensor, so neither
+    dispatch runs here; the eager checks run the strategy's own). A halo strategy's plan is
+    its own state; a sharded one keeps the halo plan its request table is rewritten from
+    (NOTE [sharded, compiled])."""
 
-    def __init__(self, sharded):
-        super().__init__(sharded.halo)
-        self._sharded = sharded
-        sharded.keep_halo_state = True
+    def __init__(self, strategy):
+        if isinstance(strategy, HaloStrategy):
+            self._state = "state"
+        elif hasattr(strategy, "keep_halo_state"):
+            strategy.keep_halo_state = True
+            self._state = "halo_state"
+        else:
+            raise InputError(
+                f"DomainConfig(compile=True) on several ranks compiles halo and sharded storage (plain rows with "
+                f"a deep ghost shell) and graph partition; not the {strategy.name} strategy: leave compile=False")
+        self.strategy = strategy
+        self.sharded = self._state == "halo_state"
 
     @property
     def state(self):
-        return self._sharded.halo_state
+        return getattr(self.strategy, self._state)
 
-    @state.setter
-    def state(self, value):  # the sharded strategy prepares; this view only reads
-        pass
+    def rows(self, batch: Batch) -> Batch:
+        """This rank's rows as plain tensors, ghost rows refreshed from their owners (one
+        exchange), with the owned-row marker (`OWNED`) and the plan's list."""
+        state = self.state
+        positions = batch.positions.detach()
+        node = {"positions": positions, "atomic_numbers": batch.atomic_numbers, "batch": batch.batch,
+                "atom_ids": batch.atom_ids, **model_inputs(batch)}
+        if state.plan.world_size > 1:
+            node.update({
+                "positions": self.strategy.halo.padded_positions(positions, batch.cell, state),
+                "atomic_numbers": torch.cat([batch.atomic_numbers, state.ghost_numbers]),
+                "batch": torch.cat([batch.batch, state.ghost_system]),
+                "atom_ids": torch.cat([batch.atom_ids, state.ghost_ids]),
+            })
+            node.update({name: pad(value, state.plan) for name, value in model_inputs(batch).items()})
+        owned = torch.zeros(state.plan.n_padded, dtype=positions.dtype, device=positions.device)
+        owned[: state.plan.n_owned] = 1.0
+        node[OWNED] = owned
+        plain = Batch._from_dicts(node, dict(batch.system))
+        plain.neighbors, plain.n_owned = state.neighbors, batch.num_atoms
+        return plain
 
+    def consolidate(self, outputs: dict, spec, autograd_outputs) -> dict:
+        """As halo storage's: a gradient's ghost rows (partials) summed into their owners, the
+        owned rows kept; the spec's per-rank partials (the strain stress) summed over ranks."""
+        plan = self.state.plan
 
-def halo_view(strategy):
-    """What the compiled region reads its rows from: a halo strategy itself, the halo view
-    of a sharded one (NOTE [sharded, compiled])."""
-    if isinstance(strategy, HaloStrategy):
-        return strategy
-    if hasattr(strategy, "keep_halo_state"):
-        return _HaloView(strategy)
-    raise InputError(
-        f"DomainConfig(compile=True) on several ranks compiles halo and sharded storage (plain rows with a "
-        f"deep ghost shell) and graph partition; not the {strategy.name} strategy: leave compile=False"
-    )
+        def per_atom(name, value):
+            if value.dim() == 0 or value.shape[0] != plan.n_padded:
+                return value  # per system: replicated already
+            if name not in spec.owned_only_outputs and name in autograd_outputs:
+                value = halo_accumulate(value, plan)
+            return value[: plan.n_owned]
+
+        result = {}
+        for name, value in outputs.items():
+            if not torch.is_tensor(value):
+                result[name] = value
+                continue
+            value = value.detach()
+            kind = spec.output_kinds.get(name, OutputKind.UNKNOWN)
+            if name in spec.all_reduce_outputs:
+                value = all_reduce_sum(value, self.strategy.group)
+            elif not (kind.is_per_graph() or kind.is_global()):
+                value = per_atom(name, value)
+            result[name] = value
+        return result
 
 
 def compiled_on_ranks(model, strategy, spec, group, config, **options) -> CompiledHaloCall:
@@ -197,22 +240,24 @@ def compiled_on_ranks(model, strategy, spec, group, config, **options) -> Compil
     hops = hop_lengths(model, config.cutoff)
     if hops != (config.cutoff,):
         strategy.halo.width = max(sum(hops), config.cutoff) + config.skin
-    return CompiledHaloCall(model, strategy, spec, group, hops=hops, skin=config.skin, **options)
+    return CompiledHaloCall(model, HaloRows(strategy), spec, group, hops=hops, skin=config.skin, **options)
 
 
 class CompiledHaloCall:
-    """``call(model_batch, meta, compute_stress, eager_call) -> consolidated outputs``.
+    """``call(batch, compute_stress, eager_call) -> consolidated outputs``.
 
-    ``model_batch`` is the halo strategy's batch (ShardTensor rows); ``eager_call()`` runs the
-    eager distributed forward and consolidation on it (for the checks); ``installing()`` is entered
+    ``batch``: this rank's owned atoms, prepared (`HaloRows` makes the plain rows of it);
+    ``eager_call()`` runs the strategy's eager distributed forward and consolidation (for the
+    checks: the dispatch the run chose); ``installing(rows)`` is entered
     around the compiled call only (the spec's adapters; the eager call installs its own). Counters as in
     `CompiledForceCall` (``inner``). ``hops``: the layers an energy reads (NOTE [deep ghost
     shell]); with more than one, the strategy's shell must have been deepened (`deepen_halo`)."""
 
-    def __init__(self, model, strategy, spec, group, reach: float, backend: str, headroom: float,
+    def __init__(self, model, rows: HaloRows, spec, group, reach: float, backend: str, headroom: float,
                  hops: tuple[float, ...] = (), skin: float = 0.0):
         self.model = model
-        self.strategy = strategy
+        self.rows = rows
+        self.strategy = rows.strategy
         self.spec = spec
         self.group = group
         self.hops = tuple(hops)
@@ -224,11 +269,12 @@ class CompiledHaloCall:
         self.inner = CompiledForceCall(local_call, None, reach=reach, backend=backend, headroom=headroom,
                                        check_eager=False)
 
-    def __call__(self, model_batch: Batch, meta, compute_stress: bool, eager_call, installing=contextlib.nullcontext) -> dict:
-        plain = plain_rows(model_batch, meta.n_owned)
+    def __call__(self, batch: Batch, compute_stress: bool, eager_call,
+                 installing=lambda rows: contextlib.nullcontext()) -> dict:
+        plain = self.last_rows = self.rows.rows(batch)
         if len(self.hops) > 1:
-            plain.neighbors = self._receptive_list(plain, meta.n_owned)
-        with installing(), summing_over_ranks(self.group):  # the spec's adapters, entered by the caller
+            plain.neighbors = self._receptive_list(plain, batch.num_atoms)
+        with installing(plain), summing_over_ranks(self.group):  # the spec's adapters, entered by the caller
             outputs = self.inner(plain, compute_stress)
         if not self.own_forward:  # this rank's owned share; its own forward's is the total already
             energy = outputs["energy"].clone()
@@ -236,7 +282,7 @@ class CompiledHaloCall:
                 dist.all_reduce(energy, group=self.group)
             outputs["energy"] = energy
         autograd_outputs = getattr(self.model.model_config, "autograd_outputs", frozenset())
-        result = self.strategy.consolidate(outputs, meta, self.spec, autograd_outputs)
+        result = self.rows.consolidate(outputs, self.spec, autograd_outputs)
         if any_rank(self.inner.needs_check, self.group):  # every rank runs the eager path, or none
             self.inner.checks += 1
             agree_on_errors(_named(differs_from_eager(result, eager_call(), self.inner.caps)), self.group)
@@ -317,19 +363,3 @@ def receptive_neighbors(plain: Batch, n_owned: int, cutoff: float, cut_axes: tor
         needed[neighbors.senders[along]] = True
     kept = neighbors.select(needed[neighbors.receivers])
     return NeighborList(kept.edge_index, kept.unit_shifts, cutoff, kept.full_list)
-
-
-def plain_rows(model_batch: Batch, n_owned: int) -> Batch:
-    """The halo batch's rows as plain tensors (same data), with the owned-row marker."""
-    node = {name: local(value) if torch.is_tensor(value) else value for name, value in model_batch.node.items()}
-    node["positions"] = node["positions"].detach()
-    rows = node["positions"].shape[0]
-    owned = torch.zeros(rows, dtype=node["positions"].dtype, device=node["positions"].device)
-    owned[:n_owned] = 1.0
-    node[OWNED] = owned
-    system = {name: local(value) if torch.is_tensor(value) else value for name, value in model_batch.system.items()}
-    plain = Batch._from_dicts(node, system)
-    neighbors = model_batch.neighbors
-    plain.neighbors = type(neighbors)(local(neighbors.edge_index), local(neighbors.unit_shifts), neighbors.cutoff,
-                                      neighbors.full_list)
-    return plain

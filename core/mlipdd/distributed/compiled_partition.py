@@ -34,18 +34,28 @@ from mlipdd.distributed.compiled import (
     _padded_call,
     differs_from_eager,
 )
+from mlipdd.shard.graph_partition import PartitionScope, partition_scope
 from mlipdd.shard.traced_collectives import traced_partition
 
 __all__ = ["CompiledPartitionCall"]
 
 
 class CompiledPartitionCall:
-    """``call(model_batch, meta, compute_stress, eager_call) -> consolidated outputs``.
+    """``call(batch, compute_stress, eager_call, installing) -> consolidated outputs``.
 
-    ``model_call(batch, stress)``: the model's force call (compiled), run inside the
-    strategy's model scope and ``installing()`` (graph breaks run eagerly and read the
-    partition from there). Counters as in `CompiledForceCall` (no caps: NOTE [no caps
-    under graph partition])."""
+    ``batch``: this rank's owned block; the compiled call gets the full geometry of it, plain,
+    with the partition's plain scope (NOTE [plain inside the compiled call]); ``model_call(batch,
+    stress)``: the model's force call (compiled), run inside that scope and ``installing(rows)``
+    (graph breaks run eagerly and read the partition from there); ``eager_call()``: the strategy's
+    eager forward and consolidation, on the run's dispatch (the checks). Counters as in
+    `CompiledForceCall` (no caps: NOTE [no caps under graph partition]).
+
+    # NOTE [plain inside the compiled call]
+    Traced, the helpers are functional collectives on plain tensors whatever the dispatch
+    (`mlipdd.shard.traced_collectives`); a graph break runs them eagerly, and there they read the
+    active scope: a plain one (no aten context), so both sides of a break hand plain tensors and
+    the outputs are consolidated as plain partials (`consolidate_plain`: stress partials summed,
+    full-row gradients reduce-scattered), never as the aten rows of the eager checks."""
 
     caps = None
 
@@ -73,18 +83,19 @@ class CompiledPartitionCall:
         self.traced_collectives += sum(_is_functional_collective(node.target) for node in gm.graph.nodes)
         return torch._dynamo.lookup_backend(self.backend)(gm, example_inputs)
 
-    def __call__(self, model_batch, meta, compute_stress: bool, eager_call, installing=contextlib.nullcontext) -> dict:
-        scope = getattr(meta, "notes", {}).get("scope", meta)  # the aten strategy's meta is the scope itself
+    def __call__(self, batch, compute_stress: bool, eager_call, installing=lambda rows: contextlib.nullcontext()) -> dict:
+        rows = self.last_rows = self.strategy.full_geometry(batch)
+        scope = PartitionScope(self.strategy.state.partition)  # plain: NOTE [plain inside the compiled call]
         compute_stress = bool(compute_stress)
         graphs_before, start = self.graphs, time.perf_counter()
         with contextlib.ExitStack() as stack:
-            stack.enter_context(installing())  # the spec's adapters (the eager check installs its own)
-            stack.enter_context(self.strategy.model_scope(meta))
+            stack.enter_context(installing(rows))  # the spec's adapters (the eager check installs its own)
+            stack.enter_context(partition_scope(scope))
             holder = stack.enter_context(traced_partition(scope.partition))
             stack.enter_context(torch._dynamo.config.patch(trace_autograd_ops=True, recompile_limit=RECOMPILE_LIMIT,
                                                            fail_on_recompile_limit_hit=True))
             stack.enter_context(torch.no_grad())
-            outputs = self._compiled(self.model_call, model_batch, compute_stress)
+            outputs = self._compiled(self.model_call, rows, compute_stress)
             scope.used = scope.used or holder.asked
         if self.graphs == 0:
             raise RuntimeError(
@@ -98,7 +109,7 @@ class CompiledPartitionCall:
         key = compute_stress
         first = key not in self._keys
         self._keys.add(key)
-        result = self.strategy.consolidate(outputs, meta, self.spec, self.autograd_outputs)
+        result = self.strategy.consolidate_plain(outputs, scope, self.spec, self.autograd_outputs)
         if any_rank(first or compiled_now, self.group):  # every rank runs the eager path, or none
             self.checks += 1
             agree_on_errors(differs_from_eager(result, eager_call(), None), self.group)

@@ -24,7 +24,7 @@ from mlipdd.comm import (
 )
 from mlipdd.data import Batch, InputError, check_not_empty
 from mlipdd.distributed.compiled import CompiledForceCall
-from mlipdd.distributed.compiled_halo import CompiledHaloCall, compiled_on_ranks, halo_view
+from mlipdd.distributed.compiled_halo import CompiledHaloCall, compiled_on_ranks
 from mlipdd.distributed.compiled_partition import CompiledPartitionCall
 from mlipdd.distributed.config import DomainConfig, resolve_strategy
 from mlipdd.distributed.cuda_graph import TRIM_MARGIN, GraphedForceCall, edges_within
@@ -33,6 +33,7 @@ from mlipdd.plugins import get_strategy
 from mlipdd.shard.custom_ops import activated
 from mlipdd.spec.patching import installed
 from mlipdd.strategy.dispatch import strategy_for_dispatch
+from mlipdd.strategy.halo import HaloStrategy
 
 
 def resolve_spec(model, strategy: str, spec=None):
@@ -109,7 +110,6 @@ class DistributedModel(nn.Module):
         # the compiled call that issues its own collectives: halo / sharded storage (CompiledHaloCall, also
         # one rank of sharded storage) or graph partition (CompiledPartitionCall)
         self._compiled_ranks: CompiledHaloCall | CompiledPartitionCall | None = None
-        self._halo_view = None  # sharded storage compiled: the halo rows of its plan
         if config.compile:
             self._build_compiled(model, config)
 
@@ -123,12 +123,11 @@ class DistributedModel(nn.Module):
             self._compiled_ranks = self._compiled = CompiledPartitionCall(
                 model_call, self.strategy, self.spec, self.group, autograd_outputs, backend=config.compile_backend)
             return
-        view = halo_view(self.strategy)  # sharded storage: its halo plan's rows (NOTE [sharded, compiled])
-        self._halo_view = None if view is self.strategy else view
-        if self.strategy.world_size == 1 and self._halo_view is None:
+        if self.strategy.world_size == 1 and isinstance(self.strategy, HaloStrategy):
             self._compiled = CompiledForceCall(model_call, model_call, **options)
             return
-        self._compiled_ranks = compiled_on_ranks(model, view, self.spec, self.group, config, **options)
+        # halo and sharded storage (also sharded at one rank: its halo plan's rows, NOTE [sharded, compiled])
+        self._compiled_ranks = compiled_on_ranks(model, self.strategy, self.spec, self.group, config, **options)
         self._compiled = self._compiled_ranks.inner  # its counters
 
     @property
@@ -236,14 +235,14 @@ class DistributedModel(nn.Module):
                 self._prepare(batch)
             self._prepared = None  # one stage serves one force call
             check_now = self._check_now
-            model_batch, meta = self.strategy.model_batch(batch, self.spec)
-            self.last_padded = model_batch
             autograd_outputs = getattr(self.model.model_config, "autograd_outputs", frozenset())
             if self._compiled_ranks is not None:
-                result = self._compiled_ranks_call(batch, model_batch, meta, compute_stress, autograd_outputs)
+                result = self._compiled_ranks_call(batch, compute_stress, autograd_outputs)
                 if check_now:
                     agree_on_errors(_check_outputs(result), self.group)
                 return result
+            model_batch, meta = self.strategy.model_batch(batch, self.spec)
+            self.last_padded = model_batch
             with self.strategy.model_scope(meta), explained_on_an_empty_rank(
                     batch.positions.shape[0], group_rank(self.group), group_size(self.group)):
                 if self._graphed is not None:
@@ -259,27 +258,30 @@ class DistributedModel(nn.Module):
                 agree_on_errors(_check_outputs(result), self.group)
             return result
 
-    def _compiled_ranks_call(self, batch: Batch, model_batch: Batch, meta, compute_stress: bool,
-                             autograd_outputs) -> dict:
-        """Compiled with collectives (`mlipdd.distributed.compiled_halo`, `compiled_partition`);
-        its checks run the eager distributed forward on the same batch."""
+    def _compiled_ranks_call(self, batch: Batch, compute_stress: bool, autograd_outputs) -> dict:
+        """Compiled with collectives (`mlipdd.distributed.compiled_halo`, `compiled_partition`).
+        The compiled region reads plain rows of its own, so neither dispatch runs in it; its
+        checks run the eager distributed forward on the run's dispatch, the strategy's rows made
+        only for a check (collective: every rank checks, or none)."""
+        partition = isinstance(self._compiled_ranks, CompiledPartitionCall)
+
         def eager():
+            model_batch, meta = self.strategy.model_batch(batch, self.spec)
             with self.strategy.model_scope(meta):
                 outputs = self._call_model(model_batch, compute_stress)
             return self.strategy.consolidate(outputs, meta, self.spec, autograd_outputs)
 
-        rows, rows_meta = model_batch, meta
-        if self._halo_view is not None:
-            rows, rows_meta = self._halo_view.model_batch(batch, self.spec)
         @contextlib.contextmanager
-        def installing():  # around the compiled call only: the eager check installs its own (never nested:
-            with contextlib.ExitStack() as stack:  # an adapter installed twice would wrap itself)
+        def installing(rows):  # around the compiled call only: the eager check installs its own (never
+            with contextlib.ExitStack() as stack:  # nested: an adapter installed twice would wrap itself)
                 stack.enter_context(installed(self.spec))
-                if isinstance(self._compiled_ranks, CompiledPartitionCall):  # the model's own code is compiled
-                    stack.enter_context(activated(self.spec, row_ids=model_batch.atom_ids))
+                if partition:  # the model's own code is compiled
+                    stack.enter_context(activated(self.spec, row_ids=rows.atom_ids))
                 yield
 
-        return self._compiled_ranks(rows, rows_meta, compute_stress, eager, installing)
+        result = self._compiled_ranks(batch, compute_stress, eager, installing)
+        self.last_padded = self._compiled_ranks.last_rows
+        return result
 
     def _within_cutoff(self, model_batch: Batch) -> Batch:
         """At one rank, the batch with only the list's edges within the cutoff.

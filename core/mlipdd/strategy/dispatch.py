@@ -6,9 +6,10 @@ retired (issue 21): the aten-level one (`mlipdd.shard.aten`), the default, has o
 aten op and refuses, on every rank, an op on atom rows it has no exact rule for. A run uses
 the first of: ``DomainConfig.dispatch``; ``MLIPDD_DISPATCH``; the dispatch the model declares it
 needs (a wrapper's ``needs_dispatch``: UMA's halo spec; a pipeline's when a member declares
-one); the Python-level one for ``compile=True`` at several ranks (its eager checks run that
-dispatch); the first of the strategy's ``dispatches`` (halo, sharded, graph partition: aten,
-then ``"torch_function"``). ``DomainConfig(dispatch="torch_function")`` or
+one); the first of the strategy's ``dispatches`` (halo, sharded, graph partition: aten,
+then ``"torch_function"``). ``compile=True`` changes nothing here: at several ranks the
+compiled region reads plain rows (`mlipdd.distributed.compiled_halo.HaloRows`) or traces
+its collectives (`compiled_partition`), and its eager checks run the chosen dispatch. ``DomainConfig(dispatch="torch_function")`` or
 ``MLIPDD_DISPATCH=torch_function`` picks the old one. A launcher hands its ``MLIPDD_DISPATCH``
 to the ranks it starts (`dispatch_env` / `adopt_dispatch_env`: a forkserver's child would
 otherwise see the server's environment). What a model or strategy needs is declared by name,
@@ -50,8 +51,6 @@ def dispatch_for(config, strategy_cls: type, model=None, world_size: int | None 
     name = getattr(config, "dispatch", None) or dispatch_env()
     if name is None:
         name = getattr(model, "needs_dispatch", None)
-    if name is None and world_size != 1 and getattr(config, "compile", False):
-        name = TORCH_FUNCTION
     if name is None:
         name = strategy_cls.dispatches[0] if strategy_cls.dispatches else TORCH_FUNCTION
     if name not in DISPATCHES:
@@ -71,12 +70,6 @@ def strategy_for_dispatch(strategy_cls: type, config, model=None, world_size: in
             f"dispatch, not {name!r} (DomainConfig.dispatch / MLIPDD_DISPATCH): use strategy='halo', 'sharded' "
             "or 'graph_partition' for the aten dispatch, or leave the dispatch unset"
         )
-    if name == ATEN and world_size != 1 and getattr(config, "compile", False):
-        # one rank compiles the plain model (NOTE [aten at one rank]); several not yet. cuda_graph at
-        # several ranks is refused by DistributedModel whatever the dispatch (its own message)
-        raise InputError("the aten dispatch runs eager force calls at several ranks; leave compile "
-                         "off with it there, or leave the dispatch unset (compile at several ranks then runs its "
-                         "eager checks on the torch-function dispatch)")
     return strategy_cls.with_dispatch(name)
 
 

@@ -24,7 +24,7 @@ from mlipdd.shard.aten.adapters import AdaptedOps
 from mlipdd.shard.aten.counted import CountedReductions
 from mlipdd.shard.aten.comm import OwnedRowsOnly
 from mlipdd.shard.aten.graph_partition import PartitionContext
-from mlipdd.shard.graph_partition import PartitionScope, gather_rows, partition_scope
+from mlipdd.shard.graph_partition import PartitionScope, partition_scope
 from mlipdd.spec import OutputKind
 from mlipdd.strategy.graph_partition.strategy import GraphPartitionStrategy, _unaware_model_error
 
@@ -43,11 +43,8 @@ class AtenGraphPartitionStrategy(GraphPartitionStrategy):
 
     def model_batch(self, batch: Batch, spec) -> tuple[Batch, PartitionScope]:
         """The full geometry (gathered positions, current cell), plain; the partition scope."""
-        state = self.state
-        p = state.partition
-        node = dict(state.static_node)
-        node["positions"] = gather_rows(batch.positions.detach(), p)
-        full = Batch._from_dicts(node, dict(batch.system))
+        p = self.state.partition
+        full = self.full_geometry(batch)
         if self._plain():  # one block of every row: the helpers' plain forms are the identity
             return full, PartitionScope(p)
         ctx = PartitionContext(plan=OwnedRowsOnly(p.n_owned), n_edges=0, group=self.group)

@@ -119,14 +119,18 @@ class GraphPartitionStrategy(Strategy):
     def prepare(self, batch: Batch, rebuild: bool) -> None:
         """Nothing to rebuild (never due)."""
 
+    def full_geometry(self, batch: Batch) -> Batch:
+        """The FULL geometry, plain: every rank's owned positions gathered (collective), the
+        replicated static atom data, the current cell."""
+        node = dict(self.state.static_node)
+        node["positions"] = gather_rows(batch.positions.detach(), self.state.partition)
+        return Batch._from_dicts(node, dict(batch.system))
+
     def model_batch(self, batch: Batch, spec) -> tuple[Batch, ShardMeta]:
         """The FULL geometry (gathered positions, current cell) and the partition in a ShardMeta."""
         state = self.state
         p = state.partition
-        positions = gather_rows(local(batch.positions).detach(), p)
-        node = dict(state.static_node)
-        node["positions"] = positions
-        full = Batch._from_dicts(node, dict(batch.system))
+        full = self.full_geometry(batch)
         policy = spec.distribution.policy
         meta = ShardMeta(
             plan=state.plan,
@@ -142,8 +146,11 @@ class GraphPartitionStrategy(Strategy):
         return partition_scope(meta.notes["scope"])
 
     def consolidate(self, outputs: dict, meta: ShardMeta, spec, autograd_outputs) -> dict:
-        """Stress partials all-reduced; full-row gradients summed over ranks, owned block kept."""
-        scope: PartitionScope = meta.notes["scope"]
+        return self.consolidate_plain(outputs, meta.notes["scope"], spec, autograd_outputs)
+
+    def consolidate_plain(self, outputs: dict, scope: PartitionScope, spec, autograd_outputs) -> dict:
+        """Of plain outputs (the helpers' plain forms ran: no aten rows): stress partials
+        all-reduced; full-row gradients summed over ranks, owned block kept."""
         agree_on_errors(None if scope.used else _unaware_model_error(), self.group)
         p = scope.partition
 

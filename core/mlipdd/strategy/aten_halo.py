@@ -80,7 +80,8 @@ class AtenHaloStrategy(HaloStrategy):
         neighbors = state.neighbors
         if self.halo.skin > 0:  # NOTE [skin edges under aten]
             neighbors = edges_in_cutoff(neighbors, padded_positions, batch.cell, batch.batch, self.halo.cutoff)
-        ctx = HaloContext(plan=state.plan, n_edges=neighbors.num_edges, group=self.group)
+        ctx = HaloContext(plan=state.plan, n_edges=neighbors.num_edges, group=self.group,
+                          atom_ids=batch.atom_ids)
 
         def atoms(t, name, values=None):
             return from_local(t, Rows(0, GHOSTED, values=values), ctx, name)

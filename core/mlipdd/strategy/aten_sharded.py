@@ -52,7 +52,7 @@ class AtenShardedStrategy(ShardedStrategy):
             rows = comm.fetch(positions.detach(), 0, state.plan)
             neighbors = edges_in_cutoff(neighbors, rows, batch.cell, batch.batch, self.halo.cutoff)
         ctx = HaloContext(plan=self._storage[1], n_edges=neighbors.num_edges, group=self.group,
-                          reads=state.plan)
+                          reads=state.plan, atom_ids=batch.atom_ids)
 
         def atoms(t, name, values=None):
             return from_local(t, Rows(0, GHOSTED, values=values), ctx, name)

@@ -6,7 +6,8 @@ placement per tensor (NOTE [aten placements]), per-op rules (NOTE [aten preceden
 refusal by default (NOTE [refuse by default]).
 """
 
-from mlipdd.shard.aten import index_rules as _index_rules  # noqa: F401  (registers rules)
+from mlipdd.shard.aten import global_rows as _global_rows  # noqa: F401  (registers rules)
+from mlipdd.shard.aten import index_rules as _index_rules  # noqa: F401
 from mlipdd.shard.aten import matmul as _matmul  # noqa: F401
 from mlipdd.shard.aten import reductions as _reductions  # noqa: F401
 from mlipdd.shard.aten import softmax as _softmax  # noqa: F401

@@ -560,17 +560,6 @@ def squeeze(func, args, kwargs):
     return finish(func, args, run_local(func, args, kwargs), p.moved(d), x._ctx)
 
 
-@rule(aten.select.int)
-def select(func, args, kwargs):
-    x, dim = args[0], args[1] % args[0].dim()
-    p = x._place
-    if dim == p.dim:
-        refuse(func, args, kwargs, "it reads one row by its position (x[i]): row i is a different atom on each rank",
-               "read rows through the edge index, or reduce over the rows first")
-    d = p.dim - (1 if dim < p.dim else 0)
-    return finish(func, args, run_local(func, args, kwargs), p.moved(d), x._ctx)
-
-
 @rule(aten.slice.Tensor)
 def slice_(func, args, kwargs):
     x = args[0]
@@ -806,16 +795,12 @@ def refuse_local_counts(func, args, kwargs, ctx):
                        "never with x.shape")
 
 
-@rule(aten.slice_backward.default, aten.select_backward.default)
-def slice_or_select_backward(func, args, kwargs):
-    """The adjoint of a slice / select of other dims: zeros around the rows' values (linear:
-    any kind stays)."""
+@rule(aten.slice_backward.default)
+def slice_backward(func, args, kwargs):
+    """The adjoint of a slice of other dims: zeros around the rows' values (linear: any
+    kind stays). The select rules, its adjoint's too, are in `mlipdd.shard.aten.global_rows`."""
     grad, dim = args[0], args[2] % len(args[1])
     p = grad._place
-    if func.overloadpacket is aten.select_backward:
-        d = p.dim + (1 if dim <= p.dim else 0)
-    else:
-        d = p.dim
-    if dim == d:
+    if dim == p.dim:
         refuse(func, args, kwargs, "the gradient of a slice of the rows")
-    return finish(func, args, run_local(func, args, kwargs), p.moved(d).plain_values(), grad._ctx)
+    return finish(func, args, run_local(func, args, kwargs), p.plain_values(), grad._ctx)

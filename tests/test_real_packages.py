@@ -18,15 +18,12 @@ SYSTEM_AT = {2: "triclinic", 3: "own_images", 4: "slab"}  # each system once, ea
 MODELS = list(REAL_MODELS)
 # What the table says. The torch-function dispatch runs schnetpack exactly, except where a
 # sharded rank owns no atom (4 ranks, slab): Atomwise's ``maxm = int(idx_m[-1]) + 1`` then
-# reads past that rank's rows, refused naming that line. The aten dispatch (the default) refuses the same
-# read everywhere (`aten::select.int`: one atom row by its position), except on a sharded
-# rank owning no atom, where torch's own IndexError comes first (a bare message: reported);
-# which rank's error reaches the others first varies, so there either message is accepted.
-NAMED = {"aten::select.int", "int(idx_m[-1])"}
-EXPECTED = {("halo", "function"): "exact", ("halo", "aten"): "refused", ("sharded", "function"): "exact",
-            ("sharded", "aten"): "refused"}
-EMPTY_SHARDED_RANK = {("sharded", "function"): "UninferredRowsError",
-                      ("sharded", "aten"): "IndexError: index -1 is out of bounds"}
+# reads past that rank's rows, refused naming that line. The aten dispatch (the default) reads
+# ``idx_m[-1]`` as the whole system's last atom (NOTE [a row by its global number]): exact everywhere.
+NAMED = {"int(idx_m[-1])"}
+EXPECTED = {("halo", "function"): "exact", ("halo", "aten"): "exact", ("sharded", "function"): "exact",
+            ("sharded", "aten"): "exact"}
+EMPTY_SHARDED_RANK = {("sharded", "function"): "UninferredRowsError"}
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +53,6 @@ def test_exact_or_refused_by_name(world_size, refs):
             assert any(name in r.detail for name in NAMED) and "Fix:" in r.detail, r.detail
 
 
-@pytest.mark.old_dispatch("issue 21: schnetpack is exact under the old dispatch only; aten refuses Atomwise's "
-                          "int(idx_m[-1]) (aten::select.int), so its validation fails there, by name")
 @pytest.mark.parametrize("model", MODELS)
 def test_validation_passes_an_exact_model(model):
     """trace_and_validate with its default sample: exact models pass (a wrong one must fail)."""

@@ -57,6 +57,10 @@ class CountedReductions(TorchFunctionMode):
                 spelled = parse(*call)
                 if spelled is not None:
                     return one_row_einsum(*spelled, call[1])
+        if func is Tensor.__getitem__ and _a_row_by_number(args):
+            # NOTE [a row by its global number]: torch checks x[i] against the LOCAL size
+            # before the dispatch (a rank owning no atom: IndexError); torch.select does not
+            return torch.select(args[0], args[0]._place.dim, args[1])
         if (func in _MEANS or func in _SPREADS) and args and _counted(args[0]):
             x = args[0]
             if func in _MEANS:
@@ -69,6 +73,12 @@ class CountedReductions(TorchFunctionMode):
                     return _spread(_SPREADS[func], x, dims, correction, keepdim)
         ordered = ordered_contraction(func, args, kwargs)  # NOTE [contraction order]
         return func(*args, **kwargs) if ordered is NotImplemented else ordered
+
+
+def _a_row_by_number(args) -> bool:
+    """``x[i]`` with a Python int ``i`` on atom rows along dim 0 (the select rule's case)."""
+    return len(args) == 2 and type(args[1]) is int and _counted(args[0]) and args[0]._place.dim == 0 \
+        and args[0]._place.is_atoms()
 
 
 def _counted(x) -> bool:

@@ -10,6 +10,7 @@ from mlipdd.shard.aten import global_rows as _global_rows  # noqa: F401  (regist
 from mlipdd.shard.aten import index_rules as _index_rules  # noqa: F401
 from mlipdd.shard.aten import matmul as _matmul  # noqa: F401
 from mlipdd.shard.aten import reductions as _reductions  # noqa: F401
+from mlipdd.shard.aten import scatter_means as _scatter_means  # noqa: F401
 from mlipdd.shard.aten import softmax as _softmax  # noqa: F401
 from mlipdd.shard.aten.placement import (
            EDGES,

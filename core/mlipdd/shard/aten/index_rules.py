@@ -396,9 +396,15 @@ def scatter_add(func, args, kwargs):
     if func.overloadpacket in (aten.scatter_reduce, aten.scatter_reduce_):
         reduce = args[4] if len(args) > 4 else kwargs.get("reduce")
         include_self = kwargs.get("include_self", args[5] if len(args) > 5 else True)
+        ip = rows_of(idx)
+        if reduce == "mean" and ip is not None and ip.values == "atoms" and ip.dim == dim:
+            from mlipdd.shard.aten.scatter_means import scatter_reduce  # NOTE [aten scatter means]
+
+            return scatter_reduce(func, args, kwargs, target, dim, idx, src, reduce, include_self)
         if reduce != "sum" or not include_self:
             refuse(func, args, kwargs, f"scatter_reduce with reduce={reduce!r}, include_self={include_self}: only "
-                   "sums into rows have a rule (a max or a mean needs every rank's values of an atom at once)",
+                   "sums into rows, and means into atom rows by the edge index, have a rule (a max needs every rank's "
+                   "values of an atom at once)",
                    "use scatter_add / index_add (a sum), or a sum and a count")
     ip = rows_of(idx)
     if ip is not None and ip.dim != dim:  # a scatter within each row (along another dim)
@@ -560,3 +566,14 @@ def bincount(func, args, kwargs):
     return finish(func, args, comm.all_reduce(out, ctx.group), REPLICATE, ctx)
 
 
+
+
+@rule(aten._sparse_coo_tensor_with_dims_and_tensors.default)
+def sparse_from_rows(func, args, kwargs):
+    """A sparse atoms x atoms matrix built from the edge index (``torch.sparse_coo_tensor(
+    stack([receiver, sender]), w, (n, n))``): its columns would be this rank's local row
+    numbers, and under sharded storage a remote column has no row of the matrix. Its
+    product with atom rows is a scatter, which has the exact rule: refused with that."""
+    refuse(func, args, kwargs, "it builds a sparse matrix whose indices are distributed rows (an atoms x atoms "
+           "adjacency from the edge index): its rows and columns are this rank's local atom rows",
+           "write the product as a scatter: torch.zeros_like(x).index_add(0, receiver, w[:, None] * x[sender])")

@@ -153,13 +153,10 @@ def test_a_slabs_stress_is_mace_calculators_virial_over_the_cells_volume(nproc, 
     np.testing.assert_allclose(got.get_forces(), ref.get_forces(), rtol=0, atol=1e-12)
 
 
-@pytest.mark.old_dispatch("issue 21: MACE's element check selects atom rows by a mask (aten::index.Tensor), refused under aten before the check's own message")
 @pytest.mark.parametrize("nproc", NPROCS)
 def test_an_element_the_model_lacks_raises_and_the_calculator_serves_on(nproc, mace64):
     """Argon for an H/C/O model: refused on the rank that owns it; the ranks regroup (was
     broken: every later call failed)."""
-    # its own ranks: the module's pool2 started on the default dispatch (old_dispatch reaches
-    # only the ranks a test starts)
     calc = MLIPDDCalculator(MACEWrapper(copy.deepcopy(mace64)), nproc=nproc)
     pids = calc.worker_pids
     alien = triclinic()

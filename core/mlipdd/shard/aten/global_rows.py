@@ -23,6 +23,16 @@ Refused, by name and on every rank (the agreement is reduced first):
   (``values="atoms"``: a local row number means nothing on another rank).
 
 A number past the whole system's rows is torch's IndexError, on every rank.
+
+# NOTE [atom rows kept by a mask]
+``z[~known]`` (MACE's and AIMNet2's element checks: which atoms the model has no
+parameters for) keeps the atom rows a mask of the same rows selects. One process's result
+is those atoms in id order; every rank can have it: each keeps its OWNED rows the mask
+selects (a ghost row is another rank's atom), all ranks gather them with their ids, and
+sort by id. The result is replicated, the whole system's selection, so a message built
+from it (``.tolist()``) is the same on every rank. Rows that carry a gradient are refused
+(autograd's ``index_put`` of the gradient into this rank's local rows would need the
+selection's layout); so are atom row numbers and edge rows (kept as edges, elsewhere).
 """
 
 from __future__ import annotations
@@ -110,3 +120,39 @@ def select_backward(func, args, kwargs):
     p = rows_of(grad)
     d = p.dim + (1 if dim <= p.dim else 0)
     return finish(func, args, run_local(func, args, kwargs), p.moved(d).plain_values(), grad._ctx)
+
+
+def kept_by_mask(func, args, kwargs, x, mask):
+    """NOTE [atom rows kept by a mask]: ``x[mask]`` of atom rows, replicated in id order."""
+    p, mp, ctx = x._place, mask._place, x._ctx
+    if x.requires_grad or p.values == "atoms" or p.group != 1 or p.dim != 0 or mp.kind == SHARES \
+            or getattr(ctx, "atom_ids", None) is None:
+        refuse(func, args, kwargs, "it keeps a subset of atom rows (x[mask]) of rows that carry a gradient, of atom "
+               "row numbers, or without atom ids: the result is no longer this rank's layout of atoms",
+               "multiply by the mask (torch.where(mask, x, 0)) instead of selecting atom rows, or select from "
+               "a value without a gradient (x.detach()[mask])")
+    n = ctx.n_owned
+    local = as_owned(x) if p.kind == SHARES else x._local
+    keep = mask._local[:n]
+    rows, ids = local[:n][keep], ctx.atom_ids[:n].to(keep.device)[keep]
+    if group_size(ctx.group) > 1:
+        rows, ids = _gathered(rows, ids, ctx.group)
+    order = torch.argsort(ids)
+    return finish(func, args, rows[order], REPLICATE, ctx)
+
+
+def _gathered(rows: torch.Tensor, ids: torch.Tensor, group):
+    """Every rank's ``rows`` and ``ids``, concatenated in rank order (padded to one size)."""
+    device = collective_device(group)
+    sizes = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(group_size(group))]
+    dist.all_gather(sizes, torch.tensor([rows.shape[0]], dtype=torch.long, device=device), group=group)
+    sizes = [int(s) for s in sizes]
+    longest = max(sizes)
+    carried = rows.to(torch.uint8) if rows.dtype == torch.bool else rows
+    pad = carried.new_zeros((longest - rows.shape[0], *rows.shape[1:]))
+    parts = [carried.new_empty((longest, *rows.shape[1:])) for _ in sizes]
+    dist.all_gather(parts, torch.cat([carried, pad]).contiguous(), group=group)
+    id_parts = [ids.new_empty(longest) for _ in sizes]
+    dist.all_gather(id_parts, torch.cat([ids, ids.new_zeros(longest - ids.shape[0])]), group=group)
+    rows = torch.cat([part[:k] for part, k in zip(parts, sizes)]).to(rows.dtype)
+    return rows, torch.cat([part[:k] for part, k in zip(id_parts, sizes)])

@@ -204,6 +204,10 @@ def _masked(func, args, kwargs, x, k, mask):
         if xp is not None and mp is None and xp.dim < k:
             return finish(func, args, func(x._local, [None] * k + [unwrap(mask)]), xp, x._ctx)
         refuse(func, args, kwargs, "a boolean mask that is not a mask of the tensor's rows")
+    if xp.is_atoms() and mp.is_atoms():
+        from mlipdd.shard.aten.global_rows import kept_by_mask  # NOTE [atom rows kept by a mask]
+
+        return kept_by_mask(func, args, kwargs, x, mask)
     if xp.kind != EDGES or mp.kind != EDGES:
         refuse(func, args, kwargs, "it keeps a subset of atom rows: the result is no longer this rank's layout of "
                "atoms (a sum over it would count ghost copies)",

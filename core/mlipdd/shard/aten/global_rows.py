@@ -11,8 +11,9 @@ replicated (one all_reduce of four integers, one broadcast of the row).
 Refused, by name and on every rank (the agreement is reduced first):
 
 * ranks that pass different numbers (``x[x.shape[0] - 1]``: a local size, a per-rank
-  index), and a non-negative number that equals this rank's row count or that count
-  minus one where the whole system's count differs (NOTE [aten counts]: a size of the
+  index), and a non-negative number that equals this rank's row count minus one where
+  the whole system's count differs (so ``x[0]`` is refused while some rank holds exactly
+  one row) (NOTE [aten counts]: a size of the
   local rows used as a position; a coincidence costs a refusal, never a wrong row);
 * rows that carry a gradient: autograd differentiates ``select`` with
   ``select_backward(grad, local sizes, dim, i)``, whose operands are all replicated, so
@@ -77,7 +78,8 @@ def _read_global_row(func, args, kwargs, x, dim, index):
                "give the HaloContext the owned rows' atom_ids")
     n_global = ctx.global_count("atoms") * p.group
     counts = {x.shape[dim], ctx.n_owned * p.group, ctx.n_padded * p.group}
-    local_size = index >= 0 and any(index in (n - 1, n) for n in counts if n != n_global)
+    # x[x.shape[0] - 1]; x[n] is out of range in one process too (a rank with no row: x[0] is fine)
+    local_size = index >= 0 and any(index == n - 1 for n in counts if n != n_global)
     flat = index + n_global if index < 0 else index
     row, entry = divmod(flat, p.group)
     owned_ids = ctx.atom_ids[: ctx.n_owned]
@@ -92,7 +94,7 @@ def _read_global_row(func, args, kwargs, x, dim, index):
                "read by a number every rank shares (x[-1] is the whole system's last row)")
     if facts[2]:
         refuse(func, args, kwargs, f"it reads row {index}, which is this rank's (or another rank's) local row count "
-               "or that count minus one: a size of the local rows used as a position (one process has "
+               "minus one: a size of the local rows used as a position (one process has "
                f"{n_global // p.group} rows)", "read the last row as x[-1], never as x[x.shape[0] - 1]")
     owner = facts[3]
     if owner < 0:

@@ -61,11 +61,6 @@ class CountedReductions(TorchFunctionMode):
             # NOTE [a row by its global number]: torch checks x[i] against the LOCAL size
             # before the dispatch (a rank owning no atom: IndexError); torch.select does not
             return torch.select(args[0], args[0]._place.dim, args[1])
-        if func is Tensor.tolist and args and isinstance(args[0], ShardTensor) and args[0]._place.is_replicate():
-            # a replicated value (the whole system's selection z[~known], NOTE [atom rows kept
-            # by a mask]) is the same on every rank: its host list is its local tensor's
-            # (torch has no tolist for a tensor subclass)
-            return args[0]._local.tolist()
         if (func in _MEANS or func in _SPREADS) and args and _counted(args[0]):
             x = args[0]
             if func in _MEANS:

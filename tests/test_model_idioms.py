@@ -43,30 +43,21 @@ SYSTEMS = {
 }
 
 
-# open (not this test's rules): at 3 and 4 ranks a sharded rank owning no atom of the slab
-# reaches WholeSystemMPNN's einsum views of 0 rows, refused by name (`aten::view`; NOTE [a
-# single row] in mlipdd.strategy.aten_sharded, the 0/1-row ranks' work)
-OPEN_FROM_3_RANKS = {("whole_system", "sharded", "slab_with_vacuum")}
-
-
 def _options(strategy, system, world_size, extra):
     return {"strategy": strategy, **extra, **({"grid": (1, 1, world_size)} if system.startswith("slab") else {})}
 
 
 def _every_case(rank, world_size):
-    skipped = OPEN_FROM_3_RANKS if world_size >= 3 else set()
     return {
         (model, strategy, system): distributed_outputs(rank, world_size, factory, make(),
                                                        _options(strategy, system, world_size, extra), True, spec)
         for model, (factory, extra, strategies) in MODELS.items()
         for strategy, spec in SPECS.items() if strategy in strategies
-        for system, make in SYSTEMS.items() if (model, strategy, system) not in skipped
+        for system, make in SYSTEMS.items()
     }
 
 
-# 4 ranks: no result within 600 s on the loaded 2-core machine (session 12, aten), as
-# test_aten_means' WholeSystemMPNN at 4 ranks (open: a hang or only slow)
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_ordinary_idioms_equal_one_process(world_size):
     parts = run_ranks(_every_case, world_size, timeout=600)
     for model, strategy, system in parts[0]:

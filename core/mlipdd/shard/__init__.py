@@ -8,7 +8,7 @@ from mlipdd.shard import replicated as _replicated  # noqa: F401
 from mlipdd.shard import row_reductions as _row_reductions  # noqa: F401
 from mlipdd.shard import scatter_spellings as _scatter_spellings  # noqa: F401
 from mlipdd.shard import sharded_handlers as _sharded_handlers  # noqa: F401
-from mlipdd.shard.declared import as_atom_rows, local
+from mlipdd.shard.declared import as_atom_rows, call_adapted, is_distributed, local, process_group
 from mlipdd.shard.exchange import (
     ExchangePlan,
     all_reduce_sum,
@@ -33,6 +33,6 @@ from mlipdd.shard.tensor import (
 __all__ = ["ANY_OP", "FIRED", "PRECEDENCE", "DroppedScatterResultError", "ExchangePlan",
            "GraphPartition", "Halo", "Layout", "NoRuleError", "Opaque", "Replicated", "Rows",
            "ShardMeta", "ShardTensor", "Sharded", "all_reduce_sum", "all_to_all_rows",
-           "as_atom_rows", "as_edge_rows", "declare_row_local", "halo_accumulate", "halo_correct",
-           "halo_fill", "local", "pad", "placement_of", "refresh_ghosts", "register",
+           "as_atom_rows", "as_edge_rows", "call_adapted", "declare_row_local", "halo_accumulate", "halo_correct",
+           "halo_fill", "is_distributed", "local", "pad", "placement_of", "process_group", "refresh_ghosts", "register",
            "rules_in_order"]

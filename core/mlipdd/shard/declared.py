@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from mlipdd.shard.aten import ShardTensor as AtenShardTensor
-from mlipdd.shard.aten import to_local
+from mlipdd.shard.aten import AtenRefusal, to_local
 from mlipdd.shard.aten.tensor import declared_atom_rows
 from mlipdd.shard.placement import Rows
 from mlipdd.shard.tensor import ShardTensor
@@ -38,3 +38,41 @@ def as_atom_rows(t: torch.Tensor, like: torch.Tensor, ghosts_current: bool = Tru
     if not isinstance(like, ShardTensor) or like._meta.layout.is_replicated():
         return t
     return ShardTensor.wrap(local(t), like._meta, Rows("atoms", stale=not ghosts_current))
+
+
+def is_distributed(t) -> bool:
+    """Whether ``t`` belongs to a distributed forward (a ShardTensor of either dispatch)."""
+    return isinstance(t, (AtenShardTensor, ShardTensor))
+
+
+def process_group(t):
+    """The process group of the forward whose rows ``t`` holds (either dispatch): what a step
+    with collectives of its own runs them on. None is the default group, and what a plain
+    tensor gives: ask `is_distributed` whether there are ranks at all."""
+    if isinstance(t, AtenShardTensor):
+        return t._ctx.group
+    if isinstance(t, ShardTensor):
+        return t._meta.group
+    return None
+
+
+def call_adapted(adapter, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` for a step no per-op rule can see into (one with collectives
+    of its own, as PME's distributed mesh; a kernel), run as ``adapter`` says (an
+    `mlipdd.spec.OpAdapter`, keyed by argument and output position: ``SliceOwned`` /
+    ``GatherInputs`` / ``GatherInputsFull`` in, ``AllReduceSum`` / ``ScatterOutputs`` /
+    ``SliceOutputsOwned`` out). Under the aten dispatch ``fn`` gets this rank's plain
+    tensors, runs with the dispatch's modes off (forward and backward: its factories stay
+    plain, its collectives see plain tensors) and is one autograd node whose ends say what
+    the values and gradients mean (NOTE [aten op adapters]). ``fn(*args, **kwargs)`` itself
+    when no argument is distributed (one process)."""
+    from mlipdd.shard.aten.adapters import call_adapted as adapted
+
+    found = [a for a in (*args, *kwargs.values()) if isinstance(a, (AtenShardTensor, ShardTensor))]
+    if not found:
+        return fn(*args, **kwargs)
+    if not isinstance(found[0], AtenShardTensor):
+        raise AtenRefusal(f"call_adapted({adapter.qualified_name}) runs under the aten dispatch only; Fix: under the "
+                          "torch-function dispatch declare the step as a torch.library custom op with its OpAdapter "
+                          "in the spec's custom_ops, or run with dispatch='aten'")
+    return adapted(adapter, fn, found[0]._ctx, args, kwargs)

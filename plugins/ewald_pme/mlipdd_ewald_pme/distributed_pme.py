@@ -35,7 +35,8 @@ from __future__ import annotations
 import math
 
 import torch
-from mlipdd.shard import ShardTensor, local, pad
+from mlipdd.shard import ShardTensor, call_adapted, is_distributed, local, pad, process_group
+from mlipdd.spec import OpAdapter, SliceOwned
 
 from mlipdd_ewald_pme.coulomb import COULOMB_EV_ANGSTROM
 from mlipdd_ewald_pme.pme import GREEN_CACHE
@@ -204,20 +205,27 @@ def _system_potential(u, charges, mesh: SlabMesh, cell, alpha: float) -> torch.T
     return torch.empty_like(phi).index_copy(0, order, phi)  # back in owned-row order
 
 
-def reciprocal_energies(batch, positions, cell, charges, alpha: float, spline_order: int,
-                        dims: list[tuple[int, int, int]]) -> torch.Tensor:
-    """Per-atom PME reciprocal energies with each system's mesh split over the ranks
-    (NOTE [distributed mesh under DD]); plain tensors (one process) run the same code."""
-    meta = next((t._meta for t in (positions, charges) if isinstance(t, ShardTensor)), None)
-    group = meta.group if meta is not None else None
-    n_owned = meta.n_owned if meta is not None else positions.shape[0]
-    pos, q = local(positions)[:n_owned], local(charges)[:n_owned]
-    system = local(batch.batch)[:n_owned]
-    cells = local(cell)
+# NOTE [distributed mesh under the aten dispatch]
+# The aten dispatch sees ops, not algorithms: the distributed FFT runs as one adapted call
+# (`mlipdd.shard.call_adapted`), whose adapter says what it reads and returns: the owned rows
+# of positions, charges and system numbers (``SliceOwned``), the cell as it is (replicated),
+# per-atom energies of the owned rows (the core pads them with ghost rows of no meaning:
+# OWNED rows). It runs on plain tensors with the dispatch's modes off, forward and backward,
+# so its own collectives and factories see plain tensors; the core sums this rank's part of
+# the cell's gradient over ranks (the stress) and hands the charges' and positions'
+# gradients back as shares of their owners.
+RECIPROCAL_ADAPTER = OpAdapter(
+    "mlipdd_ewald_pme::distributed_reciprocal",
+    arg_transforms={0: SliceOwned(), 1: SliceOwned(), 2: SliceOwned()},
+)
+
+
+def owned_energies(pos, q, system, cells, *, alpha: float, spline_order: int, dims, group, distributed: bool):
+    """Per-atom reciprocal energies of this rank's owned atoms (plain tensors)."""
     MESH_BYTES["last"] = 0
     energies = torch.zeros_like(q)
     for s, system_dims in enumerate(dims):
-        mesh = SlabMesh.of(system_dims, spline_order, group, distributed=meta is not None)
+        mesh = SlabMesh.of(system_dims, spline_order, group, distributed=distributed)
         rows = torch.nonzero(system == s).flatten() if len(dims) > 1 else None
         pos_s = pos if rows is None else pos.index_select(0, rows)
         q_s = q if rows is None else q.index_select(0, rows)
@@ -226,8 +234,22 @@ def reciprocal_energies(batch, positions, cell, charges, alpha: float, spline_or
         u = (pos_s @ cell_inv_t.T) * n
         e = 0.5 * q_s * _system_potential(u, q_s, mesh, cells[s], alpha)
         energies = e if rows is None else energies.index_add(0, rows, e)
-    if meta is None:
-        return energies
+    return energies
+
+
+def reciprocal_energies(batch, positions, cell, charges, alpha: float, spline_order: int,
+                        dims: list[tuple[int, int, int]]) -> torch.Tensor:
+    """Per-atom PME reciprocal energies with each system's mesh split over the ranks
+    (NOTE [distributed mesh under DD]); plain tensors (one process) run the same code."""
+    options = {"alpha": alpha, "spline_order": spline_order, "dims": dims}
+    meta = next((t._meta for t in (positions, charges) if isinstance(t, ShardTensor)), None)
+    if meta is None:  # one process, or the aten dispatch: NOTE [distributed mesh under the aten dispatch]
+        return call_adapted(RECIPROCAL_ADAPTER, owned_energies, positions, charges, batch.batch, cell,
+                            group=process_group(positions), distributed=is_distributed(positions), **options)
+    n_owned = meta.n_owned
+    pos, q = local(positions)[:n_owned], local(charges)[:n_owned]
+    energies = owned_energies(pos, q, local(batch.batch)[:n_owned], local(cell), group=meta.group,
+                              distributed=True, **options)
     if meta.layout.is_halo():  # ghost rows get their owner's value; by layout, not by a rank's row
         energies = pad(energies, meta.plan)  # count: pad is a collective, a rank without ghosts joins it
     return ShardTensor.wrap(energies, meta)

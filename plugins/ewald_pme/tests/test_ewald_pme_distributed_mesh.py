@@ -95,7 +95,6 @@ def test_one_process_distributed_mesh_equals_replicated(single_process):
             assert diff <= tolerance, f"one process, {name}: {key} differs by {diff:.2e}"
 
 
-@pytest.mark.old_dispatch("issue 21: PME's distributed mesh under aten: .tolist() of a ShardTensor / a rows-ratio refusal in _system_potential")
 def test_distributed_mesh_equals_replicated(single_process, world_size):
     from mlipdd_ewald_pme.distributed_pme import MESH_BYTES
 

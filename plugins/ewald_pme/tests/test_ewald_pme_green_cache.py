@@ -112,7 +112,6 @@ def _cached_vs_uncached(rank, world_size, layouts):
     return results
 
 
-@pytest.mark.old_dispatch("issue 21: PME under aten in DD: a rows-ratio refusal (aten::mul) / .tolist() of a ShardTensor in _system_potential")
 def test_cached_calls_equal_uncached_under_dd(world_size):
     parts = run_ranks(_cached_vs_uncached, world_size, ("torch", "distributed"), timeout=600)
     for rank, part in enumerate(parts):

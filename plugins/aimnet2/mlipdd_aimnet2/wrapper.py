@@ -210,7 +210,9 @@ class AIMNet2Wrapper(ModelWrapper):
         else:  # DD: each a reduced value of the dispatch (every rank gets the same answer)
             species_ok, charges_ok = bool(supported.all()), not bool(off.any())
         if not species_ok:
-            bad = sorted({int(v) for v in z[~supported].tolist()})
+            # the distinct unsupported numbers (0 for the supported atoms, no element): a union over
+            # ranks under DD (torch.unique of rows), where a mask read z[~supported] is rows of one rank
+            bad = sorted({int(v) for v in torch.unique(torch.where(supported, 0, z)).tolist()} - {0})
             raise InputError(
                 f"AIMNet2 was not trained on atomic number(s) {bad}; it covers {list(self.species)}: "
                 "remove those atoms or use a model trained on them"

@@ -102,12 +102,9 @@ def _bad_input(rank, world_size, case):
 
 
 @pytest.mark.parametrize(("case", "message"), [
-    pytest.param("element", r"not trained on atomic number\(s\) \[79\]", marks=pytest.mark.old_dispatch(
-        "issue 21: under aten check_input's z[~supported] (a mask on atom rows) is refused before its message")),
+    ("element", r"not trained on atomic number\(s\) \[79\]"),
     ("charge", "not an integer"),
-    pytest.param("open_system", r"system\(s\) \[0\] take the all-pairs Coulomb sum.*raise simple_cutoff",
-                 marks=pytest.mark.old_dispatch(
-                     "issue 21: under aten check_all_pairs' .tolist() of a ShardTensor raises a bare RuntimeError")),
+    ("open_system", r"system\(s\) \[0\] take the all-pairs Coulomb sum.*raise simple_cutoff"),
 ])
 def test_bad_input_fails_on_every_rank_with_the_fix(case, message):
     from mlipdd.testing.spawn import RankFailure

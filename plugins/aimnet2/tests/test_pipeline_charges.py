@@ -71,7 +71,6 @@ def _reference(name):
     return {k: v.detach() for k, v in aimnet_d3()(SYSTEMS[name](), compute_stress=True).items()}
 
 
-@pytest.mark.old_dispatch("issue 21: at 3 ranks under aten the counts check refuses `aten::mul` by 0.2 (a constant equal by chance to this rank's ghost/owned ratio, NOTE [aten counts]); the .tolist() before it is exact since NOTE [host reads of a ShardTensor]")
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_distributed_pipeline_keeps_the_charges(world_size):
     parts = run_ranks(_distributed, world_size, timeout=900)

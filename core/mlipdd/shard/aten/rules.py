@@ -767,7 +767,9 @@ def unique(func, args, kwargs):
 # refused (never a silent answer: a coincidence costs a refusal, not a wrong number). An
 # integer is taken for a count only when it divides or scales a replicated value (a sum
 # over the rows: ``h.sum(0) / n``), since models scale rows by integer constants (MACE's
-# envelope by 35); a non-integer that is no plain fraction (k/8) is compared with every ratio.
+# envelope by 35); a non-integer that is no plain fraction (k/8) is compared with every ratio
+# of the sizes a model can read (atom rows and edge rows: ``n_edges / n_atoms``; the owned
+# count is no tensor's size, its ratios only ever matched model constants).
 # Sizes that never meet such an op (``range(n)``) are the validator's to catch.
 _ARITHMETIC = {aten.div, aten.div_, aten.mul, aten.mul_, aten.true_divide}
 

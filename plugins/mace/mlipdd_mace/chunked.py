@@ -51,7 +51,19 @@ import types
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from mlipdd.shard import ShardTensor, local
+from mlipdd.shard import ShardTensor, call_adapted, local
+from mlipdd.spec import OpAdapter, ScatterOutputs
+
+# NOTE [chunked MACE under the aten dispatch]
+# The chunks compute on plain rows on purpose (nothing per edge is kept), which no per-op
+# rule sees into; under the aten dispatch each chunked step is one adapted call
+# (`mlipdd.shard.call_adapted`, NOTE [aten op adapters]): the messages read the node rows
+# with ghosts current (under sharded storage the request table's rows too: NOTE [adapted
+# reads under sharded storage]) and the edge rows, and return per-node sums of this rank's
+# edges (``ScatterOutputs``: the core refreshes or delivers them, once per layer); the
+# product block reads and returns node rows (row-local). Forward and backward run plain.
+MESSAGES_ADAPTER = OpAdapter("mlipdd_mace::chunked_messages", output_transforms={0: ScatterOutputs()})
+PRODUCT_ADAPTER = OpAdapter("mlipdd_mace::chunked_product")
 
 
 def _plain(t):
@@ -144,8 +156,15 @@ class EdgeChunkedMessages(torch.autograd.Function):
         return None, None, grad_up, grad_attrs, grad_feats, grad_cut, None, None
 
 
+def _summed_messages(up, edge_attrs, edge_feats, cutoff, sender, receiver, *, block, chunk):
+    return EdgeChunkedMessages.apply(block, chunk, up, edge_attrs, edge_feats, cutoff, sender, receiver)
+
+
 def edge_messages(block, chunk, up, edge_attrs, edge_feats, cutoff, edge_index):
     """The summed messages on every node row, ``chunk`` edges at a time."""
+    if not isinstance(up, ShardTensor):  # one process, or NOTE [chunked MACE under the aten dispatch]
+        return call_adapted(MESSAGES_ADAPTER, _summed_messages, up, edge_attrs, edge_feats, cutoff,
+                            edge_index[0], edge_index[1], block=block, chunk=chunk)
     senders = up
     if isinstance(up, ShardTensor) and up.meta.layout.is_sharded():
         # Sharded storage: a sender may be another rank's atom. Fetch every row the edges
@@ -198,7 +217,7 @@ def _interaction_forward(block, chunk_atoms, spans_cache):
 def _product_forward(block, chunk_atoms, original):
     """The product block's own forward, ``chunk_atoms`` rows at a time, recomputed in backward."""
 
-    def forward(self, node_feats, sc, node_attrs):
+    def chunked(node_feats, sc, node_attrs):
         plain = (_plain(node_feats), _plain(sc), _plain(node_attrs))
         n = plain[0].shape[0]
         if n <= chunk_atoms:
@@ -208,6 +227,11 @@ def _product_forward(block, chunk_atoms, original):
             rows = [None if t is None else t[start:start + chunk_atoms] for t in plain]
             parts.append(checkpoint(original, *rows, use_reentrant=False))
         return _rows_like(node_feats, torch.cat(parts))
+
+    def forward(self, node_feats, sc, node_attrs):
+        if isinstance(node_feats, ShardTensor):  # the torch-function dispatch
+            return chunked(node_feats, sc, node_attrs)
+        return call_adapted(PRODUCT_ADAPTER, chunked, node_feats, sc, node_attrs)  # NOTE [chunked MACE under ...]
 
     return types.MethodType(forward, block)
 

@@ -275,7 +275,14 @@ def fused_edge_messages(block, chunk, up, edge_attrs, edge_feats, cutoff, edge_i
     from mlipdd_mace.cueq import _sender_table
 
     FIRED["mace_cueq:fused_conv_chunked"] += 1  # a test that never got here tests nothing
-    table = _plain(_sender_table(up) if isinstance(up, ShardTensor) else up)
+    if not isinstance(up, ShardTensor):  # one process, or NOTE [chunked MACE under the aten dispatch]
+        from mlipdd.shard import call_adapted
+
+        from mlipdd_mace.chunked import MESSAGES_ADAPTER
+
+        return call_adapted(MESSAGES_ADAPTER, _fused_summed_messages, up, edge_attrs, edge_feats, cutoff, edge_index,
+                            block=block, chunk=chunk, spans_cache=spans_cache)
+    table = _plain(_sender_table(up))
     index = _plain(edge_index)
     separate = _polynomial_call(block.conv_tp) is not None
     spans = spans_of(spans_cache, index, chunk, table.shape[0], separate)
@@ -284,3 +291,12 @@ def fused_edge_messages(block, chunk, up, edge_attrs, edge_feats, cutoff, edge_i
         block, chunk, spans, table, _plain(edge_attrs), _plain(edge_feats), _plain(cutoff), index, width,
     )[: local(up).shape[0]]
     return _into_node_rows(up, partial)
+
+
+def _fused_summed_messages(table, edge_attrs, edge_feats, cutoff, index, *, block, chunk, spans_cache):
+    """This rank's fused messages summed by receiver on every row of ``table`` (plain rows:
+    halo ``[owned | ghost]``, sharded ``[owned | request table]``)."""
+    separate = _polynomial_call(block.conv_tp) is not None
+    spans = spans_of(spans_cache, index, chunk, table.shape[0], separate)
+    width = block.linear.irreps_in.dim  # the messages feed the block's linear
+    return FusedEdgeChunkedMessages.apply(block, chunk, spans, table, edge_attrs, edge_feats, cutoff, index, width)

@@ -72,7 +72,6 @@ def test_chunk_atoms_must_be_positive_and_estimate_shrinks():
     assert "GiB" in estimate["summary"]
 
 
-@pytest.mark.old_dispatch("issue 21: chunked MACE under aten: IndexError (sharded) and a plain per-chunk operand refused in aten::mul (halo)")
 @pytest.mark.parametrize(("strategy", "world_size"), [("halo", 2), ("sharded", 2), ("sharded", 3), ("sharded", 4)])
 def test_chunked_distributed_equals_plain_single_process(strategy, world_size):
     """gloo ranks, chunked, vs one plain process: triclinic, own images, vacuum (1e-10);

@@ -30,6 +30,16 @@ An op that reads rows computes this rank's part of the global op, so
   meaning.
 * ``GatherInputsFull`` (on every argument that holds rows) / ``SliceOutputsOwned``:
   every rank runs the op on the whole system (NOTE [aten full rows]).
+
+# NOTE [adapted reads under sharded storage]
+Under sharded storage an edge index names rows of ``[owned | request table]`` (NOTE [aten
+sharded storage]), so an op that reads an edge index (edge rows whose values are atom
+rows) gets every atom-row argument without a transform as those rows, the remote ones
+fetched from their owners, as ``index_select`` by the index would; an output of that many
+rows is a copy per row (narrowed to the owned rows) or, with ``ScatterOutputs()``, sums
+that the request-table rows deliver to their owners (a scatter by the index). Gradients
+take the adjoint routes: a table row's gradient goes to its owner, a delivered sum's
+gradient is fetched onto every table row.
 """
 
 from __future__ import annotations
@@ -103,6 +113,15 @@ def call_adapted(adapter, func, ctx, args, kwargs):
                 "others: the op would mix the whole system with one rank's part",
                 "declare GatherInputsFull() on every argument that holds atom rows")
     call = _Call(func, template, roles, adapter.output_transforms, ctx, where)
+    # NOTE [adapted reads under sharded storage]
+    call.table = ctx.reads if ctx.reads is not None and any(
+        isinstance(t, ShardTensor) and isinstance(t._place, Rows) and t._place.kind == EDGES
+        and t._place.values == "atoms" for t in tensors) else None
+    if call.table is not None:
+        for t, r in zip(tensors, roles):
+            if r == "ghosted" and (t._place.dim != 0 or t._place.group != 1):
+                _refuse(where, f"it reads an edge index under sharded storage and {t._place} rows, not one row "
+                        "per atom along dim 0", "hand the op atom rows along dim 0 (x.reshape(n, -1))")
     out = _Adapted.apply(call, *tensors)
     return out if call.several else out[0]
 
@@ -151,6 +170,7 @@ class _Call:
         self.output_transforms = output_transforms
         self.several = True
         self.full = FullRows.of(ctx) if "full" in roles else None  # NOTE [aten full rows]
+        self.table = None  # sharded storage, an op reading an edge index: the request table's plan
 
     def local_input(self, a, role):
         if role == "replicated":
@@ -161,6 +181,8 @@ class _Call:
             return as_owned(a).narrow(a._place.dim, 0, self.ctx.n_owned * a._place.group)
         if role == "full":
             return self.full.gather(as_owned(a).narrow(0, 0, self.ctx.n_owned))
+        if self.table is not None:  # NOTE [adapted reads under sharded storage]
+            return comm.fetch(as_ghosted(a), 0, self.table)
         return as_ghosted(a)
 
 
@@ -226,6 +248,8 @@ def _output_kind(transform, o, call, where):
         return "replicated"
     if isinstance(transform, AllReduceSum):
         return "summed"
+    if call.table is not None and rows == call.table.n_padded != ctx.n_padded and roles & {"ghosted"}:
+        return "table shares" if isinstance(transform, ScatterOutputs) else "table copies"
     if isinstance(transform, ScatterOutputs):
         if rows != ctx.n_padded:
             _refuse(where, f"ScatterOutputs() on {tuple(o.shape)}, not this rank's {ctx.n_padded} atom rows",
@@ -258,6 +282,10 @@ def _wrap_output(o, kind, call):
         return ShardTensor(o, REPLICATE, ctx, "an adapted op's output (GatherInputsFull)")
     if kind == "sliced":
         return ShardTensor(call.full.slice(o), Rows(0, GHOSTED), ctx, "a SliceOutputsOwned output")
+    if kind == "table shares":  # each request-table row's sum to its owner
+        return ShardTensor(comm.deliver(o, 0, call.table), Rows(0, SHARES), ctx, "an adapted op's output")
+    if kind == "table copies":  # the owners' rows are the values
+        return ShardTensor(o.narrow(0, 0, ctx.n_owned), Rows(0, GHOSTED), ctx, "an adapted op's output")
     if kind == "owned":  # the forward's row count; the ghost rows mean nothing (OWNED)
         o = torch.cat([o, o.new_zeros((ctx.n_padded - ctx.n_owned, *o.shape[1:]))])
     place = {"shares": Rows(0, SHARES), "ghosted": Rows(0, GHOSTED), "owned": Rows(0, OWNED),
@@ -271,6 +299,11 @@ def _plain_grad(g, kind, call):
     ctx = call.ctx
     if kind == "sliced":  # this rank's shares, placed by atom id and summed over ranks
         return call.full.global_gradient(_plain_grad(g, "ghosted", call))
+    if kind in ("table shares", "table copies"):
+        owned = _plain_grad(g, "owned", call)  # the owned rows' whole gradient
+        if kind == "table copies":  # the request-table copies feed nothing further: no gradient
+            return torch.cat([owned, owned.new_zeros((call.table.n_padded - ctx.n_owned, *owned.shape[1:]))])
+        return comm.fetch(owned, 0, call.table)  # a delivered sum's gradient on every row that fed it
     if not isinstance(g, ShardTensor):
         return g.narrow(0, 0, ctx.n_owned) if kind == "owned" else g
     gp = g._place
@@ -308,6 +341,8 @@ def _input_grad(g, role, plain, place, call):
         return ShardTensor(g, place.plain_values(), ctx, "an adapted op's gradient")
     if role == "full":
         g = call.full.owned_part(g)
+    if role == "ghosted" and call.table is not None:  # a table row's gradient to its owner
+        g = comm.deliver(g, 0, call.table)
     if role == "owned":
         pad = list(g.shape)
         pad[place.dim] = ctx.n_padded * place.group - g.shape[place.dim]

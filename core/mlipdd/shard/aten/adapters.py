@@ -248,8 +248,15 @@ def _output_kind(transform, o, call, where):
         return "replicated"
     if isinstance(transform, AllReduceSum):
         return "summed"
-    if call.table is not None and rows == call.table.n_padded != ctx.n_padded and roles & {"ghosted"}:
-        return "table shares" if isinstance(transform, ScatterOutputs) else "table copies"
+    if call.table is not None and "ghosted" in roles:  # NOTE [adapted reads under sharded storage]
+        if isinstance(transform, ScatterOutputs):  # delivered on every rank alike: a collective
+            if rows != call.table.n_padded:  # (an empty table has as many rows as this rank owns)
+                _refuse(where, f"ScatterOutputs() on {tuple(o.shape)}, not one row per row it read under sharded "
+                        f"storage ({call.table.n_padded}: [owned | request table])",
+                        "return the sums on every row the edge index names")
+            return "table shares"
+        if rows == call.table.n_padded != ctx.n_padded:
+            return "table copies"  # no exchange: a rank with an empty table takes them as atom rows alike
     if isinstance(transform, ScatterOutputs):
         if rows != ctx.n_padded:
             _refuse(where, f"ScatterOutputs() on {tuple(o.shape)}, not this rank's {ctx.n_padded} atom rows",

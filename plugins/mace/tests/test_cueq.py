@@ -114,7 +114,6 @@ def test_chunked_cueq_equals_plain_cueq(cueq_model, references):
     assert estimate["bytes"] < estimate["plain_bytes"]
 
 
-@pytest.mark.old_dispatch("issue 21: chunked MACE under aten sharded storage: IndexError")
 def test_chunked_cueq_distributed_equals_plain_cueq(references):
     systems = small_cueq_systems()
     refs = references["unfused"]

@@ -100,8 +100,6 @@ def test_chunked_fused_through_its_public_call(fused_model):
         assert relative_difference(out[key].detach(), ref[key].detach()) < 1e-12, key
 
 
-@pytest.mark.old_dispatch("issue 21: passed under aten at 2, 3, 4 ranks before main's 3a4e3fb; on it, at 3 ranks MACE's "
-                           "element check (one_hot_elements: known.all() read False, atomic_numbers[~known] refused) stops the ranks (h3, open)")
 @pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
 def test_chunked_fused_distributed_equals_plain_fused(fused_model, world_size):
     """gloo ranks, chunked fused convolution (3 atoms' worth of edges per kernel call) vs one

@@ -54,6 +54,7 @@ from mlipdd.shard.aten.placement import EDGES, GHOSTED, OWNED, REPLICATE, SHARES
 from mlipdd.shard.aten.rules import as_ghosted, as_owned
 from mlipdd.shard.aten.tensor import AtenRefusal, ShardTensor
 from mlipdd.shard.custom_ops import _positional, adapter_for
+from mlipdd.shard.internal import internal
 from mlipdd.spec.transforms import (
     AllReduceSum,
     GatherInputs,
@@ -190,6 +191,7 @@ class _Adapted(torch.autograd.Function):
     """The op on plain local tensors, as one autograd node (NOTE [aten op adapters])."""
 
     @staticmethod
+    @internal  # its own buffers and zero gradients stay plain (NOTE [internal factories])
     def forward(fctx, call, *tensors):
         plain = [call.local_input(t, r).detach().requires_grad_(t.requires_grad) for t, r in zip(tensors, call.roles)]
         args, kwargs = _fill(call.template, plain)
@@ -208,6 +210,7 @@ class _Adapted(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @internal
     def backward(fctx, *grads):
         call = fctx.call
         pairs = [(o, _plain_grad(g, kind, call)) for o, g, kind in zip(fctx.outputs, grads, call.kinds)

@@ -17,7 +17,7 @@ import functools
 import pytest
 import torch
 from mlipdd.models.lj import LennardJones
-from mlipdd.testing.conformance import check_conformance_cases
+from mlipdd.testing.conformance import cases_off
 from mlipdd.testing.systems import small_cell, triclinic
 
 
@@ -57,11 +57,7 @@ def _outcomes(strategy: str, world_size: int) -> dict:
         for name, batch in systems.items():
             cases.append((functools.partial(LJWithPositionValues, term), batch, {"dispatch": "aten", "strategy": strategy}))
             names.append(f"{term}/{name}")
-    bad = {}
-    for (result, _), name in zip(check_conformance_cases(cases, world_size), names):
-        off = {k: v for k, v in result.rel_diff.items() if not v <= 1e-10}
-        if off:
-            bad[name] = off
+    bad = cases_off(cases, names, world_size)
     return bad
 
 

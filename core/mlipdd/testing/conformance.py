@@ -163,3 +163,14 @@ def check_conformance_cases(cases, world_size: int, compute_stress: bool = True,
             result.abs_diff[key] = float((value - reference[key]).abs().max())
         checked.append((result, parts))
     return checked
+
+
+def cases_off(cases, names, world_size: int, tolerance: float = 1e-10) -> dict:
+    """``{name: {output: relative difference}}`` of the cases (`check_conformance_cases`, one
+    launch) whose energy, forces or stress differ from one process by more than ``tolerance``."""
+    bad = {}
+    for (result, _), name in zip(check_conformance_cases(cases, world_size), names):
+        off = {k: v for k, v in result.rel_diff.items() if not v <= tolerance}
+        if off:
+            bad[name] = off
+    return bad

@@ -35,3 +35,21 @@ def test_edge_counting_models_equal_one_process_at_a_skin(world_size):
                     names.append(f"{model}/{strategy}/skin {skin or 'default'}/{name}")
     bad = cases_off(cases, names, world_size)
     assert not bad, f"{world_size} ranks differ from one process: {bad}"
+
+
+def test_a_list_with_no_skin_edge_says_it_reaches_the_cutoff():
+    """Every rank's trimmed list reports the model's cutoff, also a rank where no edge lay in
+    the skin: a model that skips its own filter on a list within its radius (MACE) must decide
+    alike on every rank, or the filter's collectives run on some ranks only (a hang, found at
+    MACE 3 ranks)."""
+    import torch
+    from mlipdd.neighbors import NeighborList
+    from mlipdd.strategy.aten_skin import edges_in_cutoff
+
+    positions = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 2.9, 0.0]], dtype=torch.float64)
+    cell, system = torch.eye(3, dtype=torch.float64).view(1, 3, 3) * 20.0, torch.zeros(3, dtype=torch.long)
+    for pairs, kept in (([[0, 1], [1, 0]], 2), ([[0, 1, 0, 2], [1, 0, 2, 0]], 2)):
+        index = torch.tensor(pairs)
+        listed = NeighborList(index, torch.zeros(index.shape[1], 3, dtype=torch.float64), cutoff=3.5)
+        trimmed = edges_in_cutoff(listed, positions, cell, system, cutoff=2.5)
+        assert trimmed.cutoff == 2.5 and trimmed.num_edges == kept

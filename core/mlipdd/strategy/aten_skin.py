@@ -31,8 +31,14 @@ def edges_in_cutoff(neighbors: NeighborList, positions: torch.Tensor, cell: torc
     with torch.no_grad():
         vectors = neighbors.edge_vectors(positions.detach().double(), cell.detach().double(), system)
         keep = ((vectors * vectors).sum(dim=1) < cutoff * cutoff).nonzero().squeeze(1)
+    within = min(cutoff, neighbors.cutoff) if neighbors.cutoff is not None else cutoff
+    # Every rank's list says it reaches `within`, also where no edge was dropped: a model
+    # that skips its own cutoff filter on a list built within its radius (MACE's
+    # `_built_within`) must decide alike on every rank, or the filter's collectives run on
+    # some ranks only and the run hangs (it did: MACE at 3 ranks, a rank with no skin edge).
     if keep.numel() == neighbors.num_edges:
-        return neighbors
-    return NeighborList(neighbors.edge_index.index_select(1, keep), neighbors.unit_shifts.index_select(0, keep),
-                        min(cutoff, neighbors.cutoff) if neighbors.cutoff is not None else cutoff,
-                        neighbors.full_list, neighbors.reference_positions, neighbors.reference_cell)
+        edge_index, unit_shifts = neighbors.edge_index, neighbors.unit_shifts
+    else:
+        edge_index, unit_shifts = neighbors.edge_index.index_select(1, keep), neighbors.unit_shifts.index_select(0, keep)
+    return NeighborList(edge_index, unit_shifts, within, neighbors.full_list,
+                        neighbors.reference_positions, neighbors.reference_cell)

@@ -8,11 +8,15 @@ that outlives ``timeout`` is killed and reported, never left hanging.
 
 from __future__ import annotations
 
+import faulthandler
 import io
 import multiprocessing as mp
 import os
 import queue
+import signal
 import sys
+import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -57,9 +61,13 @@ def _context():
     return _CTX
 
 
-def _worker(rank, world_size, port, fn, args, kwargs, results, backend, threads, dispatch):
+def _worker(rank, world_size, port, fn, args, kwargs, results, backend, threads, dispatch, stack_file):
     from mlipdd.strategy.dispatch import adopt_dispatch_env
 
+    # A rank that hangs is asked for its Python stack (SIGUSR1) before it is killed: the
+    # failure then says which collective or lock each rank waits in, not only "no result".
+    stack_out = open(stack_file, "w")  # noqa: SIM115 - open for the life of the rank
+    faulthandler.register(signal.SIGUSR1, file=stack_out, all_threads=False)
     adopt_dispatch_env(dispatch)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
@@ -124,6 +132,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args, timeout: float = 3
     raise AssertionError("unreachable")
 
 
+_POLL_S = 2.0  # how often a launch checks for ranks that died without a result
 _NOT_JOINED = "[the rank could not join the process group] "
 
 
@@ -133,8 +142,11 @@ def _launch(fn, world_size, args, kwargs, timeout, backend, threads) -> list[Any
     ctx = _context()
     results = ctx.Queue()
     port = free_port()
+    stacks = tempfile.mkdtemp(prefix="mlipdd-ranks-")
+    stack_files = [os.path.join(stacks, f"rank{r}.stack") for r in range(world_size)]
     procs = [
-        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, kwargs, results, backend, threads, dispatch_env()))
+        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, kwargs, results, backend, threads,
+                                          dispatch_env(), stack_files[r]))
         for r in range(world_size)
     ]
     for p in procs:
@@ -142,13 +154,23 @@ def _launch(fn, world_size, args, kwargs, timeout, backend, threads) -> list[Any
     collected: dict[int, Any] = {}
     failures: dict[int, str] = {}
     try:
+        waited = 0.0
         while len(collected) + len(failures) < world_size:
             try:
-                rank, ok, payload = results.get(timeout=timeout)
+                rank, ok, payload = results.get(timeout=_POLL_S)
             except queue.Empty:
+                waited += _POLL_S
                 missing = sorted(set(range(world_size)) - set(collected) - set(failures))
-                failures.update({r: f"no result within {timeout:.0f} s (hung or crashed)" for r in missing})
-                break
+                dead = [r for r in missing if not procs[r].is_alive()]
+                if dead and results.empty():  # died without a word (a segfault, the OOM killer, bootstrap)
+                    failures.update({r: f"the rank exited (code {procs[r].exitcode}) without a result" for r in dead})
+                    continue
+                if waited >= timeout:
+                    where = _stacks_of(procs, stack_files, missing)
+                    failures.update({r: f"no result within {timeout:.0f} s (hung)\n{where[r]}" for r in missing})
+                    break
+                continue
+            waited = 0.0
             if ok:
                 collected[rank] = _load(payload)
             else:
@@ -160,6 +182,23 @@ def _launch(fn, world_size, args, kwargs, timeout, backend, threads) -> list[Any
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
+        for f in stack_files:
+            if os.path.exists(f):
+                os.remove(f)
+        os.rmdir(stacks)
     if failures:
         raise RankFailure(failures)
     return [collected[r] for r in range(world_size)]
+
+
+def _stacks_of(procs, stack_files, ranks) -> dict[int, str]:
+    """The Python stack of each hung rank in `ranks` (empty where it had already died)."""
+    for r in ranks:
+        if procs[r].is_alive():
+            os.kill(procs[r].pid, signal.SIGUSR1)
+    time.sleep(1.0)
+    out = {}
+    for r in ranks:
+        text = open(stack_files[r]).read().strip() if os.path.exists(stack_files[r]) else ""  # noqa: SIM115
+        out[r] = f"its stack when it was stopped:\n{text}" if text else "(the rank had exited; no stack)"
+    return out

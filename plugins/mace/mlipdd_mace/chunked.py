@@ -220,6 +220,9 @@ def _product_forward(block, chunk_atoms, original):
     def chunked(node_feats, sc, node_attrs):
         plain = (_plain(node_feats), _plain(sc), _plain(node_attrs))
         n = plain[0].shape[0]
+        if n == 0:  # a rank owning no atom: mace's contraction cannot reshape zero rows (view(0, -1))
+            one = [None if t is None else t.new_zeros((1, *t.shape[1:])) for t in plain]
+            return _rows_like(node_feats, original(*one)[:0])
         if n <= chunk_atoms:
             return original(node_feats, sc, node_attrs)
         parts = []

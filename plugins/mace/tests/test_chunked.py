@@ -72,14 +72,7 @@ def test_chunk_atoms_must_be_positive_and_estimate_shrinks():
     assert "GiB" in estimate["summary"]
 
 
-_HANGS_UNDER_ATEN = pytest.mark.old_dispatch(
-    "issue 21, OPEN: chunked MACE under sharded storage at 3 ranks HANGS under the aten dispatch (no result in "
-    "600 s, session 12; 2 ranks and halo pass; the fused chunked test passes at 3); 4 ranks not re-run")
-
-
-@pytest.mark.parametrize(("strategy", "world_size"), [("halo", 2), ("sharded", 2),
-                                                      pytest.param("sharded", 3, marks=_HANGS_UNDER_ATEN),
-                                                      pytest.param("sharded", 4, marks=_HANGS_UNDER_ATEN)])
+@pytest.mark.parametrize(("strategy", "world_size"), [("halo", 2), ("sharded", 2), ("sharded", 3), ("sharded", 4)])
 def test_chunked_distributed_equals_plain_single_process(strategy, world_size):
     """gloo ranks, chunked, vs one plain process: triclinic, own images, vacuum (1e-10);
     under halo storage and under sharded storage (remote senders fetched per layer)."""

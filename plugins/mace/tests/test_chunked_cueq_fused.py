@@ -100,8 +100,6 @@ def test_chunked_fused_through_its_public_call(fused_model):
         assert relative_difference(out[key].detach(), ref[key].detach()) < 1e-12, key
 
 
-@pytest.mark.old_dispatch("issue 21, OPEN: chunked fused cuEq under the aten dispatch fails in the full suite (session 12; "
-                           "h3 saw MACE's element check stop the ranks at 3 ranks); passed under aten at 2-4 on h3's branch")
 @pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
 def test_chunked_fused_distributed_equals_plain_fused(fused_model, world_size):
     """gloo ranks, chunked fused convolution (3 atoms' worth of edges per kernel call) vs one

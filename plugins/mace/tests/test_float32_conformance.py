@@ -64,15 +64,9 @@ test_mace_float32_conformance = conformance_suite(
     FLOAT32,
     species=SPECIES,
     spacing=SPACING,
-    world_sizes=(2, 4),
+    world_sizes=(2, 3, 4),
     tolerances=TOLERANCES,
     batch_transform=to_float32,
-)
-# Pinned (issue 21, OPEN): at 3 ranks a rank owns no atom; under the aten dispatch this suite HUNG in
-# the full suite of session 12 (ranks idle > 7 min), though it passed on h2's branch.
-test_mace_float32_conformance_3_ranks = conformance_suite(
-    FLOAT32, species=SPECIES, spacing=SPACING, world_sizes=(3,), tolerances=TOLERANCES,
-    batch_transform=to_float32, config_kwargs={"dispatch": "torch_function"},
 )
 
 

@@ -34,11 +34,5 @@ test_mace_conformance = conformance_suite(
 # remote senders (node features, positions, system index) are routed to their owners. At 3
 # ranks a rank owns no atom of these cells: mace runs on its zero rows.
 test_mace_conformance_sharded = conformance_suite(
-    FACTORY, species=SPECIES, spacing=2.5, world_sizes=(2, 4), config_kwargs={"strategy": "sharded"}
-)
-# Pinned (issue 21, OPEN): the float32 suite's 3-rank sharded case hung under aten in session 12's
-# full suite (a rank owning no atom); this one is pinned with it until that is found.
-test_mace_conformance_sharded_3_ranks = conformance_suite(
-    FACTORY, species=SPECIES, spacing=2.5, world_sizes=(3,),
-    config_kwargs={"strategy": "sharded", "dispatch": "torch_function"},
+    FACTORY, species=SPECIES, spacing=2.5, world_sizes=WORLD_SIZES, config_kwargs={"strategy": "sharded"}
 )

@@ -16,7 +16,6 @@ from mlipdd.testing.idiom_zoo import ZOO
 from mlipdd.testing.idiom_zoo.segments import MeanOverListedEdges
 from mlipdd.testing.systems import slab, small_cell, triclinic
 
-
 MODELS = {"GCNDegreeNorm": ZOO["GCNDegreeNorm"], "MeanOverListedEdges": MeanOverListedEdges}
 
 

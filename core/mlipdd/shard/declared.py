@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from mlipdd.shard.aten import ShardTensor as AtenShardTensor
 from mlipdd.shard.aten import AtenRefusal, to_local
+from mlipdd.shard.aten import ShardTensor as AtenShardTensor
 from mlipdd.shard.aten.tensor import declared_atom_rows
 from mlipdd.shard.placement import Rows
 from mlipdd.shard.tensor import ShardTensor

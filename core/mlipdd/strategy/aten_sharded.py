@@ -17,8 +17,7 @@ zero rows (a view of them is placed by probing, `mlipdd.shard.aten.rules._probe_
 from __future__ import annotations
 
 from mlipdd.data import Batch
-from mlipdd.shard.aten import GHOSTED, HaloContext, Rows, from_local
-from mlipdd.shard.aten import comm
+from mlipdd.shard.aten import GHOSTED, HaloContext, Rows, comm, from_local
 from mlipdd.shard.aten.comm import OwnedRowsOnly
 from mlipdd.strategy.aten_halo import AtenHaloStrategy, rows_batch
 from mlipdd.strategy.aten_skin import edges_in_cutoff

@@ -277,7 +277,6 @@ def fused_edge_messages(block, chunk, up, edge_attrs, edge_feats, cutoff, edge_i
     FIRED["mace_cueq:fused_conv_chunked"] += 1  # a test that never got here tests nothing
     if not isinstance(up, ShardTensor):  # one process, or NOTE [chunked MACE under the aten dispatch]
         from mlipdd.shard import call_adapted
-
         from mlipdd_mace.chunked import MESSAGES_ADAPTER
 
         return call_adapted(MESSAGES_ADAPTER, _fused_summed_messages, up, edge_attrs, edge_feats, cutoff, edge_index,

@@ -18,7 +18,15 @@ import torch.distributed as dist
 from mlipdd.shard.aten import comm
 from mlipdd.shard.aten.placement import EDGES, GHOSTED, OWNED, REPLICATE, SHARES, Rows
 from mlipdd.shard.aten.reductions import _dims, other_reduction
-from mlipdd.shard.aten.rules import as_owned, finish, refuse, rows_of, rule, uniform_along, valid_rows
+from mlipdd.shard.aten.rules import (
+    as_owned,
+    finish,
+    refuse,
+    rows_of,
+    rule,
+    uniform_along,
+    valid_rows,
+)
 from mlipdd.shard.aten.tensor import unwrap
 
 aten = torch.ops.aten

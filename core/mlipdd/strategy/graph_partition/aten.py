@@ -21,8 +21,8 @@ from mlipdd.comm import agree_on_errors
 from mlipdd.data import Batch
 from mlipdd.shard.aten import Rows, ShardTensor
 from mlipdd.shard.aten.adapters import AdaptedOps
-from mlipdd.shard.aten.counted import CountedReductions
 from mlipdd.shard.aten.comm import OwnedRowsOnly
+from mlipdd.shard.aten.counted import CountedReductions
 from mlipdd.shard.aten.graph_partition import PartitionContext
 from mlipdd.shard.graph_partition import PartitionScope, partition_scope
 from mlipdd.spec import OutputKind

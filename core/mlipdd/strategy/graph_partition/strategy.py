@@ -37,7 +37,7 @@ import torch
 
 from mlipdd.comm import agree_on_errors, broadcast_object, compute_on_rank0
 from mlipdd.data import Batch, InputError
-from mlipdd.shard import ExchangePlan, ShardMeta, local
+from mlipdd.shard import ExchangePlan, ShardMeta
 from mlipdd.shard.graph_partition import (
     NodePartition,
     PartitionScope,

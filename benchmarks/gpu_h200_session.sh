@@ -10,6 +10,7 @@
 #   bash benchmarks/gpu_h200_session.sh d3        # D3 at 10k/100k (benchmarks/d3_memory.py; no Warp needed)
 #   bash benchmarks/gpu_h200_session.sh d3_1M     # D3 at 1M
 #   bash benchmarks/gpu_h200_session.sh longrange # PME 1M: 1 process, distributed mesh 1/2 gloo ranks, torch-pme; AIMNet2
+# Session 14: s14_a then s14_b, back to back.
 # Session 11: four calls back to back (s11_a .. s11_d; carry in the comment of each). Their results
 # go to /tmp/res and come back as one $OUT/results_<stage>.tgz, re-packed after every row, since
 # at most 8 files come back from $OUT.
@@ -125,6 +126,21 @@ s11_e)  # carry .whl_mace .whl_tad (a fresh machine, no nvalchemiops or warp: PM
         --out "$RES" --name d3_memory_h200_1M
     PME_GPU_STACKS=$RES S 200 python3 benchmarks/pme_gpu.py --sizes 100000,1000000 --rows pme_dist_1 \
         --row-timeout 60 --machine "$machine" --name pme_gpu_dist_h200 --out-dir "$RES"
+    ;;
+s14_a)  # carry .whl_a (cuEq's ops + mace stack + pytest): MACE 27k aten vs torch-function (issue 21 item 2); CUDA tests
+    S 330 python3 benchmarks/dispatch_cost_aten.py --device cuda --atoms 27000 --models mace --ranks 2 \
+        --rank-models lj --repeats 5 --out "$RES" --name dispatch_cost_aten_mace_27k_h200
+    S 200 python3 -m pytest -q -p no:cacheprovider -x tests/test_cuda.py tests/test_cuda_graph.py \
+        plugins/mace/tests/test_cuda_graph_mace.py tests/test_lj.py::test_cuda_equals_ase
+    ;;
+s14_a2)  # carry .whl_a (a fresh machine): the CUDA tests (forkserver with NVML's device count)
+    S 300 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_cuda_graph.py \
+        plugins/mace/tests/test_cuda_graph_mace.py tests/test_lj.py::test_cuda_equals_ase
+    ;;
+s14_b)  # carry .whl_b (cuEq torch ops): one-rank cuEq overhead (issue 23 item 2); cuEq under DD on the GPU
+    S 200 python3 benchmarks/mace_cueq.py overhead --sizes 4096,27000,64000 --machine "$machine" \
+        --name mace_cueq_session14_h200 --out-dir "$RES"
+    S 240 python3 benchmarks/cueq_dd_gpu.py --ranks 2,3 --out "$RES" --name cueq_dd_gpu_session14_h200
     ;;
 esac
 ls -l "$OUT"

@@ -1,13 +1,10 @@
-"""Per-atom values of RAW positions under the aten dispatch: exact under sharded storage, an open
-silent wrong answer under halo storage (README, known limits).
+"""Per-atom values of RAW positions under the aten dispatch equal one process, halo and sharded.
 
-Halo storage's ghost rows of the positions sit at their images (owner + lattice shift), which edge
-vectors need, but the dispatch takes a ghost row of any tensor for a copy of its owner's row. So a
-feature of raw positions read by the edge index (``torch.sin(positions)[sender]``) reads the image's
-feature, and raw positions times a scatter by sender (``(positions * q[:, None]).sum()``, ``q``
-holding shares on ghost rows) weighs the image's position: both energies are wrong (1e-3 .. 1 at 2
-ranks). Sharded storage reads remote rows as copies (the shifts live on the edges): exact. The
-halo cases are strict xfails: fixing the dispatch makes them pass, and the mark must then go.
+A feature of raw positions read by the edge index (``torch.sin(positions)[sender]``) and raw
+positions times a scatter by sender (``(positions * q[:, None]).sum()``, ``q`` holding shares on
+ghost rows) need every ghost row of the positions to be its owner's own position: halo storage
+once kept ghosts at their images there, and both energies were wrong (1e-3 .. 1 at 2 ranks,
+silently). Ghost rows are copies now, their image shifts on the edges (NOTE [ghosts as copies]).
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ import pytest
 import torch
 from mlipdd.models.lj import LennardJones
 from mlipdd.testing.conformance import cases_off
-from mlipdd.testing.systems import small_cell, triclinic
+from mlipdd.testing.systems import slab, small_cell, triclinic
 
 
 class LJWithPositionValues(LennardJones):
@@ -51,7 +48,8 @@ TERMS = ("feature_read_by_sender", "positions_times_sender_scatter")
 
 
 def _outcomes(strategy: str, world_size: int) -> dict:
-    systems = {"triclinic": triclinic(spacing=3.0, reps=4), "small_cell": small_cell(spacing=3.0, reps=3)}
+    systems = {"triclinic": triclinic(spacing=3.0, reps=4), "small_cell": small_cell(spacing=3.0, reps=3),
+               "slab": slab(spacing=3.0)}
     cases, names = [], []
     for term in TERMS:
         for name, batch in systems.items():
@@ -61,15 +59,8 @@ def _outcomes(strategy: str, world_size: int) -> dict:
     return bad
 
 
-@pytest.mark.mlipdd_conformance(world_sizes=(2,))
-def test_position_values_under_sharded_storage_equal_one_process(world_size):
-    bad = _outcomes("sharded", world_size)
-    assert not bad, f"{world_size} ranks differ from one process: {bad}"
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open: halo storage reads a ghost's image position as its owner's "
-                   "(README, known limits)")
-@pytest.mark.mlipdd_conformance(world_sizes=(2,))
-def test_position_values_under_halo_storage_equal_one_process(world_size):
-    bad = _outcomes("halo", world_size)
+@pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
+@pytest.mark.parametrize("strategy", ["halo", "sharded"])
+def test_position_values_equal_one_process(strategy, world_size):
+    bad = _outcomes(strategy, world_size)
     assert not bad, f"{world_size} ranks differ from one process: {bad}"

@@ -270,6 +270,20 @@ def forkserver_preload() -> list[str]:
     return [*named, *(m for m in _PRELOAD_HERE if m not in named)]
 
 
+def forkserver_context():
+    """The forkserver context, its server told to count CUDA devices by NVML.
+
+    NOTE [CUDA in the forkserver]: torch.cuda.is_available() (which packages call when the
+    server imports them) asks the CUDA runtime for a device count unless told to ask NVML,
+    and that leaves every process forked from the server unable to use CUDA ("Cannot
+    re-initialize CUDA in forked subprocess": every gloo rank on a GPU). NVML's count is
+    the same answer."""
+    import multiprocessing
+
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    return multiprocessing.get_context("forkserver")
+
+
 def rank_context(model, backend: str):
     """Where ranks come from. On the CPU (gloo): a forkserver that imported torch, mlipdd and
     the model's own packages once (MACE: e3nn and mace, seconds each), so a rank forks from
@@ -288,7 +302,7 @@ def rank_context(model, backend: str):
 
     if backend == "nccl":
         return multiprocessing.get_context("spawn")
-    ctx = multiprocessing.get_context("forkserver")
+    ctx = forkserver_context()
     modules = ["torch", "mlipdd.distributed.rank_worker", "mlipdd.distributed.model"]
     modules += forkserver_preload()
     for part in (model, getattr(model, "model", None)):  # the wrapper and what it wraps

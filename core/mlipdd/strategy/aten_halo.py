@@ -7,6 +7,15 @@ index edge rows whose values are atom rows), also at ONE rank (no ghosts, nothin
 sent; the dispatch runs, which is what its cost benchmark measures).
 Consolidation goes by placement: atom rows -> the owners' rows (shares summed first),
 replicated values as they are.
+
+# NOTE [ghosts as copies]
+The dispatch takes a ghost row of ANY tensor for a copy of its owner's row (NOTE [aten
+placements]), so the positions' ghost rows hold their owners' own positions, and each ghost's
+image shift moves onto its edges: an edge read as ``pos[r] + u @ cell - pos[s]`` with a ghost
+sender ``s`` at ``owner + n[s] @ cell`` keeps its vector with ``u' = u + n[r] - n[s]``
+(`_copies_list`, once per rebuild). A per-atom value of the raw positions (``sin(pos)[sender]``,
+``pos * q``) then is the owner's, as in one process. A model that builds its own graph from the
+positions (NOTE [own graph]) has no edges to carry the shift: its ghosts stay images.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import dataclasses
 import torch
 
 from mlipdd.data import Batch
+from mlipdd.neighbors import NeighborList
 from mlipdd.shard.aten import EDGES, GHOSTED, HaloContext, Rows, ShardTensor, from_local, owned_rows
 from mlipdd.shard.aten.adapters import AdaptedOps
 from mlipdd.shard.aten.counted import CountedReductions
@@ -39,6 +49,18 @@ def rows_batch(node: dict, batch: Batch, neighbors, ctx: HaloContext) -> Batch:
     rows.n_owned = batch.num_atoms
     rows.neighbors.edge_index._meta = ctx  # NOTE [skin edges at one rank]: a list the strategy tracks
     return rows
+
+
+def _copies_list(state) -> NeighborList:
+    """NOTE [ghosts as copies]: the local list with each ghost's image shift on its edges."""
+    if state.copies is None:
+        neighbors = state.neighbors
+        n_owned, shift = state.plan.n_owned, state.ghost_unit_shift.to(neighbors.unit_shifts.dtype)
+        row_shift = torch.cat([shift.new_zeros((n_owned, 3)), shift])
+        sender, receiver = neighbors.edge_index
+        unit_shifts = neighbors.unit_shifts + row_shift[receiver] - row_shift[sender]
+        state.copies = dataclasses.replace(neighbors, unit_shifts=unit_shifts)
+    return state.copies
 
 
 class AtenHaloStrategy(HaloStrategy):
@@ -76,8 +98,10 @@ class AtenHaloStrategy(HaloStrategy):
             plain.neighbors, plain.n_owned = state.neighbors, batch.num_atoms
             return plain, None
         positions = batch.positions.detach().requires_grad_(True)
-        padded_positions = self.halo.padded_positions(positions, batch.cell, state)
-        neighbors = state.neighbors
+        if self.halo.ghosts_on_uncut_axes:  # NOTE [ghosts as copies]: no edges to carry the shifts
+            padded_positions, neighbors = self.halo.padded_positions(positions, batch.cell, state), state.neighbors
+        else:
+            padded_positions, neighbors = pad(positions, state.plan), _copies_list(state)
         if self.halo.skin > 0:  # NOTE [skin edges under aten]
             neighbors = edges_in_cutoff(neighbors, padded_positions, batch.cell, batch.batch, self.halo.cutoff)
         ctx = HaloContext(plan=state.plan, n_edges=neighbors.num_edges, group=self.group,

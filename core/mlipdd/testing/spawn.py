@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import faulthandler
 import io
-import multiprocessing as mp
 import os
 import queue
 import signal
@@ -22,7 +21,11 @@ from collections.abc import Callable
 from typing import Any
 
 from mlipdd.comm import free_port
-from mlipdd.distributed.rank_pool import forkserver_preload, preload_in_forkserver
+from mlipdd.distributed.rank_pool import (
+    forkserver_context,
+    forkserver_preload,
+    preload_in_forkserver,
+)
 
 _CTX = None
 
@@ -53,7 +56,7 @@ if "pytest" in sys.modules:
 def _context():
     global _CTX
     if _CTX is None:
-        _CTX = mp.get_context("forkserver")
+        _CTX = forkserver_context()
         # Heavy model packages (a conftest's `preload_in_forkserver("mace.modules")`, or
         # MLIPDD_SPAWN_PRELOAD=mace.modules) are imported once in the server instead of once
         # per rank per test.

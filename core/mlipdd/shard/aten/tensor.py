@@ -220,7 +220,13 @@ class _ToLocal(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return ShardTensor(unwrap(grad), ctx.place, ctx.halo, ctx.origin)  # a replicated one: its local
+        # NOTE [gradients of local]: a ghost row of local(x) is a copy of its owner's row, so
+        # the gradient reaching it is a share of the owner's: GHOSTED rows come back as SHARES
+        # (summed into their owners), or the ghosts' part of every force would be dropped.
+        place = ctx.place
+        if isinstance(place, Rows):
+            place = (place.as_kind(SHARES) if place.kind == GHOSTED else place).plain_values()
+        return ShardTensor(unwrap(grad), place, ctx.halo, ctx.origin)
 
 
 def from_local(local: torch.Tensor, place, halo: HaloContext, origin: str) -> ShardTensor:
@@ -230,11 +236,25 @@ def from_local(local: torch.Tensor, place, halo: HaloContext, origin: str) -> Sh
     return ShardTensor(local, place, halo, origin)
 
 
-def to_local(x) -> torch.Tensor:
-    """The plain local tensor behind ``x`` (differentiable); ``x`` itself if plain."""
+def to_local(x, own_values: bool = False) -> torch.Tensor:
+    """The plain local tensor behind ``x`` (differentiable); ``x`` itself if plain.
+
+    A replicated ``x`` with a gradient is refused unless ``own_values`` says it holds this
+    rank's own values (a plain computation's accumulator: ``torch.zeros(n)`` there is a
+    factory, labelled replicated; `declared_atom_rows`). For a truly replicated value (the
+    strained cell) each rank's plain gradient is its own part of the whole, and a gradient
+    that came back through the rules (its plain backward makes factories too) is the whole
+    one: the two cannot be told apart here, and adding them up would be wrong one way or
+    the other (the stress 50 % off, silently)."""
     if not isinstance(x, ShardTensor):
         return x
     if x.requires_grad:
+        if isinstance(x._place, Replicate) and not own_values:
+            raise AtenRefusal(
+                f"mlipdd.shard.local() of a replicated tensor that carries a gradient (from `{x._origin}`): each "
+                "rank's gradient of its copy cannot be told from the whole one; Fix: compute with it on the "
+                "distributed tensors and take local() of the result (e.g. local(neighbors.shifts(cell, "
+                "batch.batch)) for image shifts), or local(x.detach()) where no gradient is needed")
         return _ToLocal.apply(x)
     return x._local
 
@@ -262,7 +282,7 @@ def owned_rows(x) -> torch.Tensor:
 def declared_atom_rows(t: torch.Tensor, like: ShardTensor, ghosts_current: bool = True,
                        index: bool = False) -> ShardTensor:
     """NOTE [declared rows]: ``t`` (this rank's rows of ``like``, plain or replicated) as atom rows."""
-    plain = to_local(t) if isinstance(t, ShardTensor) else t
+    plain = to_local(t, own_values=True) if isinstance(t, ShardTensor) else t
     if isinstance(t, ShardTensor) and isinstance(t._place, Rows):
         raise AtenRefusal(f"as_atom_rows of a tensor that already holds rows ({t._place}, from `{t._origin}`); "
                           "Fix: declare the plain result of mlipdd.shard.local(...) computations only")

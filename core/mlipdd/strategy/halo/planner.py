@@ -48,6 +48,7 @@ class HaloState:
     reference_padded: torch.Tensor  # padded positions at build time
     reference_cell: torch.Tensor
     atom_ids: torch.Tensor  # owned ids at build time
+    copies: NeighborList | None = None  # `neighbors` for ghost rows that copy their owners (aten halo)
 
 
 class HaloPlanner(OnGroup):

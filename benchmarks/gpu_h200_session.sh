@@ -137,6 +137,15 @@ s14_a2)  # carry .whl_a (a fresh machine): the CUDA tests (forkserver with NVML'
     S 300 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_cuda_graph.py \
         plugins/mace/tests/test_cuda_graph_mace.py tests/test_lj.py::test_cuda_equals_ase
     ;;
+s14_c)  # carry .whl_a (a fresh machine): compiled force calls on CUDA (issue 22)
+    export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_cache
+    S 240 python3 -m pytest -q -p no:cacheprovider tests/test_compile.py -k cuda
+    ;;
+s14_d)  # carry .whl_b, right after s14_c: cuEq under DD on the GPU with the aten adapters (issue 23 item 1)
+    S 300 python3 benchmarks/cueq_dd_gpu.py --ranks 2,3 --out "$RES" --name cueq_dd_gpu_h200
+    S 200 python3 benchmarks/mace_cueq.py overhead --sizes 4096,27000 --machine "$machine" \
+        --name mace_cueq_session14b_h200 --out-dir "$RES"
+    ;;
 s14_b)  # carry .whl_b (cuEq torch ops): one-rank cuEq overhead (issue 23 item 2); cuEq under DD on the GPU
     S 200 python3 benchmarks/mace_cueq.py overhead --sizes 4096,27000,64000 --machine "$machine" \
         --name mace_cueq_session14_h200 --out-dir "$RES"

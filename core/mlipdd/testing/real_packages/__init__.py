@@ -25,13 +25,17 @@ class RealModel:
     what: str  # one line for the table
 
 
-from mlipdd.testing.real_packages import schnetpack_models
+from mlipdd.testing.real_packages import orb_models, schnetpack_models
 
 REAL_MODELS: dict[str, RealModel] = {
     "schnetpack SchNet": RealModel("schnetpack", "schnetpack", schnetpack_models.schnet,
                                    "NeuralNetworkPotential(SchNet), Strain + PairwiseDistances, Atomwise, Forces"),
     "schnetpack PaiNN": RealModel("schnetpack", "schnetpack", schnetpack_models.painn,
                                   "NeuralNetworkPotential(PaiNN), Strain + PairwiseDistances, Atomwise, Forces"),
+    "orb-v3 conservative": RealModel("orb-models", "orb_models.forcefield.pretrained", orb_models.conservative,
+                                     "orb_v3_conservative_architecture (small), AtomGraphs, ZBL, forces/stress by autograd"),
+    "orb-v3 direct": RealModel("orb-models", "orb_models.forcefield.pretrained", orb_models.direct,
+                               "orb_v3_direct_architecture (small), AtomGraphs, ZBL, force and stress heads"),
 }
 
 

@@ -232,6 +232,16 @@ def _embedding(func, args, kwargs, out):
     return placement_of(index)
 
 
+def _one_hot(func, args, kwargs, out):
+    """``one_hot(x, num_classes)`` encodes each row on its own; with ``num_classes`` left to
+    be inferred (-1) its width is this rank's largest value + 1, which differs between ranks."""
+    x = _input(args, kwargs)
+    if _arg(args, kwargs, 1, "num_classes", -1) < 0:
+        raise refuse(func, placement_of(x), "input", "num_classes inferred from this rank's largest value; "
+                     "pass num_classes")
+    return placement_of(x)
+
+
 def _batched_product(func, a, b, pa, pb, out):
     """Both operands hold rows: exact only along a shared batch dim (per-edge ``bmm``)."""
     if None not in (pa.dim, pb.dim) and a.dim() >= 3 and b.dim() >= 3 and pa.dim < a.dim() - 2 \
@@ -777,6 +787,7 @@ def _register_defaults() -> None:
     _table(along(dim_at=2, default=-1), torch.diff, torch.Tensor.diff)
     _table(_linear, F.linear)
     _table(_embedding, F.embedding)
+    _table(_one_hot, F.one_hot)
     _table(_layer_norm, F.layer_norm, torch.layer_norm, *([F.rms_norm] if hasattr(F, "rms_norm") else []))
     _table(_matmul, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm, torch.Tensor.mm,
            torch.bmm, torch.Tensor.bmm, torch.mv, torch.Tensor.mv)

@@ -238,3 +238,30 @@ def test_toy_mpnn_exact_under_aten_dispatch(world_size):
     cases = [(ToyMPNN, batch, ATEN) for batch in (triclinic(reps=4), small_cell(reps=2))]
     for result, _ in check_conformance_cases(cases, world_size):
         result.assert_close()
+
+
+class TracesPerAtom(LennardJones):
+    """TensorNet's ``X.diagonal(dim1=-1, dim2=-2)`` of a 3x3 per atom (matgl's decompose_tensor);
+    ``across_rows``: a diagonal of the rows with the features instead."""
+
+    across_rows = False
+
+    def atomic_energies(self, batch, positions, cell):
+        energies = super().atomic_energies(batch, positions, cell)
+        outer = energies[:, None, None] * (1.0 + positions[:, :, None] * positions[:, None, :] * 1e-3)
+        if self.across_rows:
+            return energies + outer.reshape(-1, 9).diagonal(dim1=0, dim2=1).sum() * 0
+        return outer.diagonal(offset=0, dim1=-1, dim2=-2).sum(-1)
+
+
+def test_a_diagonal_of_other_dims_than_the_rows_is_row_local_across_them_refused():
+    batch = triclinic(reps=3)
+    model = TracesPerAtom(epsilon=0.0104, sigma=3.4, cutoff=7.0)
+    dm = checked_at_one_rank(DistributedModel(model, DomainConfig(cutoff=7.0, **ATEN)))
+    out = dm(dm.partition(batch.clone()), compute_stress=True)  # the diagonal and its backward
+    reference = model(batch, compute_stress=True)
+    for name in ("energy", "forces", "stress"):
+        assert torch.allclose(out[name], reference[name], rtol=1e-12, atol=1e-14), name
+    model.across_rows = True
+    with pytest.raises(AtenRefusal, match="aten::diagonal.*across the row dimension"):
+        dm(dm.partition(batch.clone()))

@@ -66,6 +66,14 @@ def test_one_hot_of_given_width_keeps_the_rows_an_inferred_width_is_refused(meta
         F.one_hot(z)
 
 
+def test_a_diagonal_of_other_dims_keeps_the_rows_one_across_them_is_refused(meta):
+    x = atoms(meta, 3, 3)  # TensorNet's trace per atom or edge
+    assert placement_of(x.diagonal(dim1=-1, dim2=-2)) == ATOMS
+    assert placement_of(torch.diagonal(x.transpose(0, 1), 0, 0, 2)) == Rows("atoms", dim=0)
+    with pytest.raises(NoRuleError, match="diagonal across the rows"):
+        x.diagonal(dim1=0, dim2=1)
+
+
 def test_ops_that_scramble_rows_make_them_opaque(meta):
     x = atoms(meta, 3)
     for scrambled in (x[0], x[1:], x.flatten()[3:].reshape(-1, 3), torch.cat([x, x])):

@@ -242,6 +242,19 @@ def _one_hot(func, args, kwargs, out):
     return placement_of(x)
 
 
+def _diagonal(func, args, kwargs, out):
+    """``x.diagonal(offset, dim1, dim2)`` of two dims other than the rows: row-local (the
+    diagonal is appended last)."""
+    x = _input(args, kwargs)
+    p = placement_of(x)
+    if p.dim is None:
+        return p
+    dims = {_norm_dim(_arg(args, kwargs, 2, "dim1", 0), x.dim()), _norm_dim(_arg(args, kwargs, 3, "dim2", 1), x.dim())}
+    if p.dim in dims:
+        raise refuse(func, p, "input", "a diagonal across the rows")
+    return p.moved(p.dim - sum(k < p.dim for k in dims))
+
+
 def _batched_product(func, a, b, pa, pb, out):
     """Both operands hold rows: exact only along a shared batch dim (per-edge ``bmm``)."""
     if None not in (pa.dim, pb.dim) and a.dim() >= 3 and b.dim() >= 3 and pa.dim < a.dim() - 2 \
@@ -788,6 +801,7 @@ def _register_defaults() -> None:
     _table(_linear, F.linear)
     _table(_embedding, F.embedding)
     _table(_one_hot, F.one_hot)
+    _table(_diagonal, torch.diagonal, torch.Tensor.diagonal)
     _table(_layer_norm, F.layer_norm, torch.layer_norm, *([F.rms_norm] if hasattr(F, "rms_norm") else []))
     _table(_matmul, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm, torch.Tensor.mm,
            torch.bmm, torch.Tensor.bmm, torch.mv, torch.Tensor.mv)

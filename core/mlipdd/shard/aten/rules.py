@@ -560,6 +560,39 @@ def squeeze(func, args, kwargs):
     return finish(func, args, run_local(func, args, kwargs), p.moved(d), x._ctx)
 
 
+def _diagonal_dims(args, kwargs, ndim: int) -> tuple[int, int]:
+    dim1 = args[2] if len(args) > 2 else kwargs.get("dim1", 0)
+    dim2 = args[3] if len(args) > 3 else kwargs.get("dim2", 1)
+    return dim1 % ndim, dim2 % ndim
+
+
+@rule(aten.diagonal.default)
+def diagonal(func, args, kwargs):
+    """The diagonal of two dims other than the rows (TensorNet's trace of a 3x3 per edge):
+    row-local; both dims go, the diagonal is appended last."""
+    x = args[0]
+    p = x._place
+    dims = _diagonal_dims(args, kwargs, x.dim())
+    if p.dim in dims:
+        refuse(func, args, kwargs, "it takes a diagonal across the row dimension")
+    return finish(func, args, run_local(func, args, kwargs), p.moved(p.dim - sum(k < p.dim for k in dims)), x._ctx)
+
+
+@rule(aten.diagonal_backward.default)
+def diagonal_backward(func, args, kwargs):
+    """The adjoint of `diagonal`: zeros of the input's shape, the gradient on the diagonal
+    (linear: any kind stays); the rows go back to the input's row dim."""
+    grad, sizes = args[0], args[1]
+    ndim = len(sizes)
+    dim1 = args[3] if len(args) > 3 else kwargs.get("dim1")
+    dim2 = args[4] if len(args) > 4 else kwargs.get("dim2")
+    kept = [k for k in range(ndim) if k not in (dim1 % ndim, dim2 % ndim)]
+    p = grad._place
+    if p.dim >= len(kept):
+        refuse(func, args, kwargs, "the gradient of a diagonal across the row dimension")
+    return finish(func, args, run_local(func, args, kwargs), p.moved(kept[p.dim]), grad._ctx)
+
+
 @rule(aten.slice.Tensor)
 def slice_(func, args, kwargs):
     x = args[0]

@@ -25,7 +25,7 @@ class RealModel:
     what: str  # one line for the table
 
 
-from mlipdd.testing.real_packages import orb_models, schnetpack_models, sevenn_models
+from mlipdd.testing.real_packages import matgl_models, orb_models, schnetpack_models, sevenn_models
 
 REAL_MODELS: dict[str, RealModel] = {
     "schnetpack SchNet": RealModel("schnetpack", "schnetpack", schnetpack_models.schnet,
@@ -38,6 +38,8 @@ REAL_MODELS: dict[str, RealModel] = {
                                "orb_v3_direct_architecture (small), AtomGraphs, ZBL, force and stress heads"),
     "sevenn SevenNet": RealModel("sevenn", "sevenn.model_build", sevenn_models.sevennet,
                                  "build_E3_equivariant_model (small), ForceStressOutputFromEdge (forces from edge gradients)"),
+    "matgl TensorNet": RealModel("matgl", "matgl.apps.pes", matgl_models.tensornet,
+                                 "Potential(TensorNet) (small), PyG graph of fractional coordinates, forces/stress by autograd"),
 }
 
 

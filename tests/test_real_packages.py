@@ -1,5 +1,5 @@
 """Real packages' models (`mlipdd.testing.real_packages`: schnetpack's SchNet and PaiNN,
-orb-models' orb-v3, sevenn's SevenNet) under `DistributedModel`: every case equals one
+orb-models' orb-v3, sevenn's SevenNet, matgl's TensorNet) under `DistributedModel`: every case equals one
 process to 1e-10 or is refused.
 
 The full matrix (every system at every rank count) is docs/real_packages.md, written
@@ -104,3 +104,22 @@ def test_orb_and_sevennet_are_refused_on_every_rank(world_size):
     assert got.keys() == REFUSALS.keys()
     for key, start in REFUSALS.items():
         assert got[key][0] == "refused" and got[key][1].startswith(start), (key, got[key])
+
+
+# matgl's TensorNet under its Potential: exact under the torch-function dispatch; the aten one
+# refuses the backward of the Potential's ``lattice[node_batch]`` (an index_put by a plain
+# index, ``torch.zeros(g.num_nodes)``, of the rows' gradients into the lattice).
+TENSORNET = "matgl TensorNet"
+TENSORNET_EXPECTED = {("halo", "function"): "exact", ("sharded", "function"): "exact",
+                      ("halo", "aten"): "refused", ("sharded", "aten"): "refused"}
+
+
+@pytest.mark.mlipdd_conformance(world_sizes=(2, 3))
+def test_tensornet_exact_under_the_function_dispatch_refused_by_name_under_aten(world_size):
+    assert available(TENSORNET) is None, available(TENSORNET)
+    system = SYSTEM_AT[world_size]
+    results = classify_world_size([TENSORNET], world_size, references([TENSORNET], (system,)), systems=(system,))
+    assert {(r.strategy, r.dispatch): r.outcome for r in results} == TENSORNET_EXPECTED, results
+    for r in results:
+        if r.outcome == "refused":
+            assert r.detail.startswith("AtenRefusal: mlipdd aten dispatch refuses `aten::index_put.default`"), r

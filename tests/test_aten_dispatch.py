@@ -160,20 +160,20 @@ def test_an_op_without_a_rule_is_refused_by_name():
 
 
 def test_a_declared_row_local_op_runs():
-    op = torch.ops.aten.sinc
+    op = torch.ops.aten.rad2deg
     assert op not in USER_ROW_LOCAL
 
-    class Sinc(LennardJones):
+    class Rad2deg(LennardJones):
         def atomic_energies(self, batch, positions, cell):
-            return torch.sinc(super().atomic_energies(batch, positions, cell))
+            return torch.rad2deg(super().atomic_energies(batch, positions, cell))
 
-    model = Sinc(epsilon=0.0104, sigma=3.4, cutoff=7.0)
+    model = Rad2deg(epsilon=0.0104, sigma=3.4, cutoff=7.0)
     batch = triclinic(reps=3)
     dm = checked_at_one_rank(DistributedModel(model, DomainConfig(cutoff=7.0, **ATEN)))
     owned = dm.partition(batch)
-    with pytest.raises(AtenRefusal, match="aten::sinc"):
+    with pytest.raises(AtenRefusal, match="aten::rad2deg"):
         dm(owned)
-    declare_row_local("aten::sinc")
+    declare_row_local("aten::rad2deg")
     try:
         out = dm(owned)
     finally:
@@ -198,7 +198,7 @@ def test_the_fix_of_a_refusal_depends_on_the_kind_of_op():
         dm(dm.partition(triclinic(reps=3)))
     assert "declare_row_local" not in str(refused.value) and "scatter_add" in str(refused.value)
     aten = torch.ops.aten
-    assert "declare_row_local('aten::sinc')" in default_fix(aten.sinc.default)
+    assert "declare_row_local('aten::rad2deg')" in default_fix(aten.rad2deg.default)
     for op in (aten.scatter_.src, aten.index_copy.default, aten.cumsum.default, aten.mul.Tensor, aten.sum.default):
         assert "declare_row_local" not in default_fix(op), op  # not elementwise, or row-local / ruled already
 

@@ -25,7 +25,7 @@ class RealModel:
     what: str  # one line for the table
 
 
-from mlipdd.testing.real_packages import matgl_models, orb_models, schnetpack_models, sevenn_models
+from mlipdd.testing.real_packages import matgl_models, nequip_models, orb_models, schnetpack_models, sevenn_models
 
 REAL_MODELS: dict[str, RealModel] = {
     "schnetpack SchNet": RealModel("schnetpack", "schnetpack", schnetpack_models.schnet,
@@ -40,6 +40,9 @@ REAL_MODELS: dict[str, RealModel] = {
                                  "build_E3_equivariant_model (small), ForceStressOutputFromEdge (forces from edge gradients)"),
     "matgl TensorNet": RealModel("matgl", "matgl.apps.pes", matgl_models.tensornet,
                                  "Potential(TensorNet) (small), PyG graph of fractional coordinates, forces/stress by autograd"),
+    # not in the test extra (torchmetrics, see __main__.NOT_INSTALLABLE): classified where installed
+    "nequip NequIP": RealModel("nequip", "nequip.model", nequip_models.nequip,
+                               "NequIPGNNModel (small), AtomicDataDict, forces/stress by autograd"),
 }
 
 

@@ -265,3 +265,24 @@ def test_a_diagonal_of_other_dims_than_the_rows_is_row_local_across_them_refused
     model.across_rows = True
     with pytest.raises(AtenRefusal, match="aten::diagonal.*across the row dimension"):
         dm(dm.partition(batch.clone()))
+
+
+class NequIPSpellings(LennardJones):
+    """Ops nequip's NequIP reaches with atom rows: ``torch.sinc`` (its Bessel basis), ``baddbmm``
+    (its edge vectors, ``pos_diff + shift @ cell``) and a whole slice of the rows (``x[:n]``)."""
+
+    def atomic_energies(self, batch, positions, cell):
+        energies = super().atomic_energies(batch, positions, cell)
+        shifted = torch.baddbmm(positions[:, None, :], positions[:, None, :], cell[batch.batch] * 1e-3)
+        whole = shifted[: shifted.shape[0]].sum((1, 2))
+        return energies * torch.sinc(whole * 1e-2)
+
+
+def test_sinc_baddbmm_and_a_whole_slice_of_the_rows_are_exact():
+    batch = triclinic(reps=3)
+    model = NequIPSpellings(epsilon=0.0104, sigma=3.4, cutoff=7.0)
+    dm = checked_at_one_rank(DistributedModel(model, DomainConfig(cutoff=7.0, **ATEN)))
+    out = dm(dm.partition(batch.clone()), compute_stress=True)  # and their backwards (slice_backward)
+    reference = model(batch, compute_stress=True)
+    for name in ("energy", "forces", "stress"):
+        assert torch.allclose(out[name], reference[name], rtol=1e-12, atol=1e-14), name

@@ -74,6 +74,15 @@ def test_a_diagonal_of_other_dims_keeps_the_rows_one_across_them_is_refused(meta
         x.diagonal(dim1=0, dim2=1)
 
 
+def test_baddbmm_with_the_rows_the_batch_of_all_three_keeps_them(meta):
+    x = atoms(meta, 1, 3)  # nequip's per-edge ``baddbmm(pos_diff, shift, cell[edge_batch])``
+    m = atoms(meta, 3, 3)
+    assert placement_of(torch.baddbmm(x, x, m)) == ATOMS
+    assert placement_of(torch.baddbmm(torch.zeros(1, 1, 3, dtype=x.dtype), x, m)) == ATOMS
+    with pytest.raises(NoRuleError, match="baddbmm"):
+        torch.baddbmm(x, x, torch.ones(meta.n_padded, 3, 3, dtype=x.dtype))
+
+
 def test_ops_that_scramble_rows_make_them_opaque(meta):
     x = atoms(meta, 3)
     for scrambled in (x[0], x[1:], x.flatten()[3:].reshape(-1, 3), torch.cat([x, x])):

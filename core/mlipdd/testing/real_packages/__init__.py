@@ -25,7 +25,13 @@ class RealModel:
     what: str  # one line for the table
 
 
-from mlipdd.testing.real_packages import matgl_models, nequip_models, orb_models, schnetpack_models, sevenn_models
+from mlipdd.testing.real_packages import (
+    matgl_models,
+    nequip_models,
+    orb_models,
+    schnetpack_models,
+    sevenn_models,
+)
 
 REAL_MODELS: dict[str, RealModel] = {
     "schnetpack SchNet": RealModel("schnetpack", "schnetpack", schnetpack_models.schnet,

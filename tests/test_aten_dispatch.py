@@ -160,20 +160,20 @@ def test_an_op_without_a_rule_is_refused_by_name():
 
 
 def test_a_declared_row_local_op_runs():
-    op = torch.ops.aten.sinc
+    op = torch.ops.aten.rad2deg
     assert op not in USER_ROW_LOCAL
 
-    class Sinc(LennardJones):
+    class Rad2deg(LennardJones):
         def atomic_energies(self, batch, positions, cell):
-            return torch.sinc(super().atomic_energies(batch, positions, cell))
+            return torch.rad2deg(super().atomic_energies(batch, positions, cell))
 
-    model = Sinc(epsilon=0.0104, sigma=3.4, cutoff=7.0)
+    model = Rad2deg(epsilon=0.0104, sigma=3.4, cutoff=7.0)
     batch = triclinic(reps=3)
     dm = checked_at_one_rank(DistributedModel(model, DomainConfig(cutoff=7.0, **ATEN)))
     owned = dm.partition(batch)
-    with pytest.raises(AtenRefusal, match="aten::sinc"):
+    with pytest.raises(AtenRefusal, match="aten::rad2deg"):
         dm(owned)
-    declare_row_local("aten::sinc")
+    declare_row_local("aten::rad2deg")
     try:
         out = dm(owned)
     finally:
@@ -198,7 +198,7 @@ def test_the_fix_of_a_refusal_depends_on_the_kind_of_op():
         dm(dm.partition(triclinic(reps=3)))
     assert "declare_row_local" not in str(refused.value) and "scatter_add" in str(refused.value)
     aten = torch.ops.aten
-    assert "declare_row_local('aten::sinc')" in default_fix(aten.sinc.default)
+    assert "declare_row_local('aten::rad2deg')" in default_fix(aten.rad2deg.default)
     for op in (aten.scatter_.src, aten.index_copy.default, aten.cumsum.default, aten.mul.Tensor, aten.sum.default):
         assert "declare_row_local" not in default_fix(op), op  # not elementwise, or row-local / ruled already
 
@@ -238,3 +238,51 @@ def test_toy_mpnn_exact_under_aten_dispatch(world_size):
     cases = [(ToyMPNN, batch, ATEN) for batch in (triclinic(reps=4), small_cell(reps=2))]
     for result, _ in check_conformance_cases(cases, world_size):
         result.assert_close()
+
+
+class TracesPerAtom(LennardJones):
+    """TensorNet's ``X.diagonal(dim1=-1, dim2=-2)`` of a 3x3 per atom (matgl's decompose_tensor);
+    ``across_rows``: a diagonal of the rows with the features instead."""
+
+    across_rows = False
+
+    def atomic_energies(self, batch, positions, cell):
+        energies = super().atomic_energies(batch, positions, cell)
+        outer = energies[:, None, None] * (1.0 + positions[:, :, None] * positions[:, None, :] * 1e-3)
+        if self.across_rows:
+            return energies + outer.reshape(-1, 9).diagonal(dim1=0, dim2=1).sum() * 0
+        return outer.diagonal(offset=0, dim1=-1, dim2=-2).sum(-1)
+
+
+def test_a_diagonal_of_other_dims_than_the_rows_is_row_local_across_them_refused():
+    batch = triclinic(reps=3)
+    model = TracesPerAtom(epsilon=0.0104, sigma=3.4, cutoff=7.0)
+    dm = checked_at_one_rank(DistributedModel(model, DomainConfig(cutoff=7.0, **ATEN)))
+    out = dm(dm.partition(batch.clone()), compute_stress=True)  # the diagonal and its backward
+    reference = model(batch, compute_stress=True)
+    for name in ("energy", "forces", "stress"):
+        assert torch.allclose(out[name], reference[name], rtol=1e-12, atol=1e-14), name
+    model.across_rows = True
+    with pytest.raises(AtenRefusal, match="aten::diagonal.*across the row dimension"):
+        dm(dm.partition(batch.clone()))
+
+
+class NequIPSpellings(LennardJones):
+    """Ops nequip's NequIP reaches with atom rows: ``torch.sinc`` (its Bessel basis), ``baddbmm``
+    (its edge vectors, ``pos_diff + shift @ cell``) and a whole slice of the rows (``x[:n]``)."""
+
+    def atomic_energies(self, batch, positions, cell):
+        energies = super().atomic_energies(batch, positions, cell)
+        shifted = torch.baddbmm(positions[:, None, :], positions[:, None, :], cell[batch.batch] * 1e-3)
+        whole = shifted[: shifted.shape[0]].sum((1, 2))
+        return energies * torch.sinc(whole * 1e-2)
+
+
+def test_sinc_baddbmm_and_a_whole_slice_of_the_rows_are_exact():
+    batch = triclinic(reps=3)
+    model = NequIPSpellings(epsilon=0.0104, sigma=3.4, cutoff=7.0)
+    dm = checked_at_one_rank(DistributedModel(model, DomainConfig(cutoff=7.0, **ATEN)))
+    out = dm(dm.partition(batch.clone()), compute_stress=True)  # and their backwards (slice_backward)
+    reference = model(batch, compute_stress=True)
+    for name in ("energy", "forces", "stress"):
+        assert torch.allclose(out[name], reference[name], rtol=1e-12, atol=1e-14), name

@@ -57,6 +57,32 @@ def test_row_local_ops_keep_the_rows_where_they_move(meta):
     assert placement_of(x[:, 0]) == ATOMS and placement_of(x[..., 1:]) == ATOMS
 
 
+def test_one_hot_of_given_width_keeps_the_rows_an_inferred_width_is_refused(meta):
+    """orb's and sevenn's species embeddings: ``one_hot(z, num_classes)`` encodes each row on
+    its own; without ``num_classes`` the width is this rank's largest value + 1."""
+    z = ShardTensor.wrap(torch.arange(meta.n_padded) % 3, meta, ATOMS)
+    assert placement_of(F.one_hot(z, num_classes=5)) == ATOMS and placement_of(F.one_hot(z, 5)) == ATOMS
+    with pytest.raises(NoRuleError, match="(?s)one_hot.*num_classes inferred"):
+        F.one_hot(z)
+
+
+def test_a_diagonal_of_other_dims_keeps_the_rows_one_across_them_is_refused(meta):
+    x = atoms(meta, 3, 3)  # TensorNet's trace per atom or edge
+    assert placement_of(x.diagonal(dim1=-1, dim2=-2)) == ATOMS
+    assert placement_of(torch.diagonal(x.transpose(0, 1), 0, 0, 2)) == Rows("atoms", dim=0)
+    with pytest.raises(NoRuleError, match="diagonal across the rows"):
+        x.diagonal(dim1=0, dim2=1)
+
+
+def test_baddbmm_with_the_rows_the_batch_of_all_three_keeps_them(meta):
+    x = atoms(meta, 1, 3)  # nequip's per-edge ``baddbmm(pos_diff, shift, cell[edge_batch])``
+    m = atoms(meta, 3, 3)
+    assert placement_of(torch.baddbmm(x, x, m)) == ATOMS
+    assert placement_of(torch.baddbmm(torch.zeros(1, 1, 3, dtype=x.dtype), x, m)) == ATOMS
+    with pytest.raises(NoRuleError, match="baddbmm"):
+        torch.baddbmm(x, x, torch.ones(meta.n_padded, 3, 3, dtype=x.dtype))
+
+
 def test_ops_that_scramble_rows_make_them_opaque(meta):
     x = atoms(meta, 3)
     for scrambled in (x[0], x[1:], x.flatten()[3:].reshape(-1, 3), torch.cat([x, x])):

@@ -1,5 +1,6 @@
-"""Real packages' models (schnetpack's SchNet and PaiNN, `mlipdd.testing.real_packages`)
-under `DistributedModel`: every case equals one process to 1e-10 or is refused by name.
+"""Real packages' models (`mlipdd.testing.real_packages`: schnetpack's SchNet and PaiNN,
+orb-models' orb-v3, sevenn's SevenNet, matgl's TensorNet) under `DistributedModel`: every case equals one
+process to 1e-10 or is refused.
 
 The full matrix (every system at every rank count) is docs/real_packages.md, written
 by ``python -m mlipdd.testing.real_packages``. Here each rank count runs one system, so
@@ -15,7 +16,7 @@ from mlipdd.testing.real_packages import REAL_MODELS, available
 from mlipdd.testing.real_packages.classify import classify_world_size, references, validation
 
 SYSTEM_AT = {2: "triclinic", 3: "own_images", 4: "slab"}  # each system once, each rank count once
-MODELS = list(REAL_MODELS)
+MODELS = [name for name, real in REAL_MODELS.items() if real.package == "schnetpack"]
 # What the table says. The torch-function dispatch runs schnetpack exactly, except where a
 # sharded rank owns no atom (4 ranks, slab): Atomwise's ``maxm = int(idx_m[-1]) + 1`` then
 # reads past that rank's rows, refused naming that line. The aten dispatch (the default) reads
@@ -57,3 +58,68 @@ def test_exact_or_refused_by_name(world_size, refs):
 def test_validation_passes_an_exact_model(model):
     """trace_and_validate with its default sample: exact models pass (a wrong one must fail)."""
     assert validation(model, strategies=("halo",)) == {"halo": (True, "")}
+
+
+# orb-v3 and SevenNet: refused in every case, at 2 and 3 ranks (docs/real_packages.md). The
+# text each refusal starts with, per (model, strategy, dispatch):
+# * function dispatch: orb's ``torch.arange(count).repeat_interleave(n_node)`` (its per-system
+#   segments) reads a bincount of this rank's rows; sevenn's AtomReduce drops the return of
+#   ``output.scatter_reduce_(...)``, so its energy (NaN, the stale accumulator) has no graph.
+# * aten dispatch: sevenn's ForceStressOutputFromEdge scatters into ``torch.zeros(sum(num_atoms), 3)``,
+#   the whole system's size; orb's strain displacement ``bmm(positions, displacement[per_node])``
+#   mixes rows with a per-node gather built from a size. Where a rank holds more rows than the
+#   system has atoms, orb's plain-tensor code fails first with torch's own error (BARE: it names
+#   no op; the ``per_node_graph_indices`` of a searchsorted over ``arange(len(positions))``, the
+#   segments of ``repeat_interleave`` over the global counts): still a refusal on every rank.
+NEW_MODELS = ["orb-v3 conservative", "orb-v3 direct", "sevenn SevenNet"]
+BMM = "AtenRefusal: mlipdd aten dispatch refuses `aten::bmm.default`"
+BARE_INDEX = "IndexError: index 1 is out of bounds for dimension 0 with size 1"  # BARE
+BARE_EXPAND = "RuntimeError: The expanded size of the tensor"  # BARE
+SEGMENTS = "NoRuleError: `Tensor.repeat_interleave` on rank-local rows"
+REFUSALS = {
+    ("orb-v3 conservative", "halo", "function"): SEGMENTS,
+    ("orb-v3 conservative", "sharded", "function"): SEGMENTS,
+    ("orb-v3 conservative", "halo", "aten"): BARE_INDEX,
+    ("orb-v3 conservative", "sharded", "aten"): BMM,
+    ("orb-v3 direct", "halo", "function"): SEGMENTS,
+    ("orb-v3 direct", "sharded", "function"): SEGMENTS,
+    ("orb-v3 direct", "halo", "aten"): BARE_EXPAND,
+    ("orb-v3 direct", "sharded", "aten"): BARE_EXPAND,
+    ("sevenn SevenNet", "halo", "function"): "NoRuleError: the energy (or another differentiated output) does not "
+                                             "depend on the inputs on this rank",
+    ("sevenn SevenNet", "sharded", "function"): "NoRuleError: the energy (or another differentiated output) does "
+                                                "not depend on the inputs on this rank",
+    ("sevenn SevenNet", "halo", "aten"): "AtenRefusal: mlipdd aten dispatch refuses `aten::scatter_reduce_.two`",
+    ("sevenn SevenNet", "sharded", "aten"): "AtenRefusal: mlipdd aten dispatch refuses `aten::scatter_reduce_.two`",
+}
+
+
+@pytest.mark.mlipdd_conformance(world_sizes=(2, 3))
+def test_orb_and_sevennet_are_refused_on_every_rank(world_size):
+    missing = [why for name in NEW_MODELS if (why := available(name))]
+    assert not missing, f"{missing}: install the test extra (pip install -e '.[test]')"
+    system = SYSTEM_AT[world_size]
+    results = classify_world_size(NEW_MODELS, world_size, references(NEW_MODELS, (system,)), systems=(system,))
+    got = {(r.model, r.strategy, r.dispatch): (r.outcome, r.detail) for r in results}
+    assert got.keys() == REFUSALS.keys()
+    for key, start in REFUSALS.items():
+        assert got[key][0] == "refused" and got[key][1].startswith(start), (key, got[key])
+
+
+# matgl's TensorNet under its Potential: exact under the torch-function dispatch; the aten one
+# refuses the backward of the Potential's ``lattice[node_batch]`` (an index_put by a plain
+# index, ``torch.zeros(g.num_nodes)``, of the rows' gradients into the lattice).
+TENSORNET = "matgl TensorNet"
+TENSORNET_EXPECTED = {("halo", "function"): "exact", ("sharded", "function"): "exact",
+                      ("halo", "aten"): "refused", ("sharded", "aten"): "refused"}
+
+
+@pytest.mark.mlipdd_conformance(world_sizes=(2, 3))
+def test_tensornet_exact_under_the_function_dispatch_refused_by_name_under_aten(world_size):
+    assert available(TENSORNET) is None, available(TENSORNET)
+    system = SYSTEM_AT[world_size]
+    results = classify_world_size([TENSORNET], world_size, references([TENSORNET], (system,)), systems=(system,))
+    assert {(r.strategy, r.dispatch): r.outcome for r in results} == TENSORNET_EXPECTED, results
+    for r in results:
+        if r.outcome == "refused":
+            assert r.detail.startswith("AtenRefusal: mlipdd aten dispatch refuses `aten::index_put.default`"), r

@@ -232,6 +232,44 @@ def _embedding(func, args, kwargs, out):
     return placement_of(index)
 
 
+def _one_hot(func, args, kwargs, out):
+    """``one_hot(x, num_classes)`` encodes each row on its own; with ``num_classes`` left to
+    be inferred (-1) its width is this rank's largest value + 1, which differs between ranks."""
+    x = _input(args, kwargs)
+    if _arg(args, kwargs, 1, "num_classes", -1) < 0:
+        raise refuse(func, placement_of(x), "input", "num_classes inferred from this rank's largest value; "
+                     "pass num_classes")
+    return placement_of(x)
+
+
+def _diagonal(func, args, kwargs, out):
+    """``x.diagonal(offset, dim1, dim2)`` of two dims other than the rows: row-local (the
+    diagonal is appended last)."""
+    x = _input(args, kwargs)
+    p = placement_of(x)
+    if p.dim is None:
+        return p
+    dims = {_norm_dim(_arg(args, kwargs, 2, "dim1", 0), x.dim()), _norm_dim(_arg(args, kwargs, 3, "dim2", 1), x.dim())}
+    if p.dim in dims:
+        raise refuse(func, p, "input", "a diagonal across the rows")
+    return p.moved(p.dim - sum(k < p.dim for k in dims))
+
+
+def _baddbmm(func, args, kwargs, out):
+    """``input + batch1 @ batch2`` with the rows the batch dim of all three (nequip's per-edge
+    ``shift @ cell``), or of the product's factors with a plain ``input`` broadcast along them."""
+    inp, b1, b2 = args[0], args[1], args[2]
+    pieces = [placement_of(t) if getattr(t, "_meta", None) is not None else None for t in (inp, b1, b2)]
+    p1, p2 = pieces[1], pieces[2]
+    if p1 is None or p2 is None:
+        raise refuse(func, p1 or p2 or pieces[0], "batch1, batch2", "a batched product over the rows of one factor")
+    place = _batched_product(func, b1, b2, p1, p2, out)
+    pi = pieces[0]
+    if (pi is None and inp.shape[0] != 1) or (pi is not None and (pi.dim, pi.kind) != (place.dim, place.kind)):
+        raise refuse(func, pi or place, "input", "an addend that does not hold the product's rows")
+    return place
+
+
 def _batched_product(func, a, b, pa, pb, out):
     """Both operands hold rows: exact only along a shared batch dim (per-edge ``bmm``)."""
     if None not in (pa.dim, pb.dim) and a.dim() >= 3 and b.dim() >= 3 and pa.dim < a.dim() - 2 \
@@ -777,6 +815,9 @@ def _register_defaults() -> None:
     _table(along(dim_at=2, default=-1), torch.diff, torch.Tensor.diff)
     _table(_linear, F.linear)
     _table(_embedding, F.embedding)
+    _table(_one_hot, F.one_hot)
+    _table(_diagonal, torch.diagonal, torch.Tensor.diagonal)
+    _table(_baddbmm, torch.baddbmm, torch.Tensor.baddbmm)
     _table(_layer_norm, F.layer_norm, torch.layer_norm, *([F.rms_norm] if hasattr(F, "rms_norm") else []))
     _table(_matmul, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm, torch.Tensor.mm,
            torch.bmm, torch.Tensor.bmm, torch.mv, torch.Tensor.mv)

@@ -105,6 +105,21 @@ def bmm(func, args, kwargs):
     refuse(func, args, kwargs, "a batched product whose batch is not the rows of both factors")
 
 
+@rule(aten.baddbmm.default)
+def baddbmm(func, args, kwargs):
+    """``beta * input + alpha * bmm(batch1, batch2)`` (nequip's per-edge ``shift @ cell`` added to
+    the position difference), spelled with the rules of bmm, mul and add."""
+    inp, b1, b2 = args[0], args[1], args[2]
+    beta = args[3] if len(args) > 3 else kwargs.get("beta", 1)
+    alpha = args[4] if len(args) > 4 else kwargs.get("alpha", 1)
+    out = aten.bmm.default(b1, b2)
+    if alpha != 1:
+        out = aten.mul.Tensor(out, alpha)
+    if beta == 0:
+        return out
+    return aten.add.Tensor(out, inp if beta == 1 else aten.mul.Tensor(inp, beta))
+
+
 @rule(aten.mv.default)
 def mv(func, args, kwargs):
     a, v = args[0], args[1]

@@ -24,7 +24,7 @@ isfinite isinf isnan le leaky_relu leaky_relu_backward lerp log log10 log1p log2
 logical_and logical_not logical_or logical_xor lt masked_fill maximum minimum mish mul nan_to_num ne neg
 pow reciprocal relu remainder round rsqrt sgn sigmoid sigmoid_backward sign silu silu_backward sin sinh
 softplus softplus_backward sqrt square sub tan tanh tanh_backward threshold threshold_backward trunc
-where xlogy logit mish_backward rsub
+where xlogy logit mish_backward rsub sinc
 """
 
 # linear in each distributed operand: shares stay shares (no exchange before the op)

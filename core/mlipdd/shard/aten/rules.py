@@ -104,7 +104,7 @@ def refuse(func, args, kwargs, why: str, fix: str = ""):
 # NOTE [the fix a refusal names]
 # `declare_row_local` makes an op run through the row-local rule: operands aligned on the
 # rows, each output row from the same input rows, elementwise. Suggested for an op that is
-# elementwise in kind (torch tags it ``pointwise``: ``aten::sinc``, ``aten::special_*``),
+# elementwise in kind (torch tags it ``pointwise``: ``aten::rad2deg``, ``aten::special_*``),
 # has no rule of its own (a rule takes precedence, NOTE [aten precedence]: a declaration
 # would change nothing) and is not row-local already. For any other op the declaration
 # would be a wrong answer (``aten::scatter_`` writes rows by an index's values, ``cumsum``
@@ -560,6 +560,39 @@ def squeeze(func, args, kwargs):
     return finish(func, args, run_local(func, args, kwargs), p.moved(d), x._ctx)
 
 
+def _diagonal_dims(args, kwargs, ndim: int) -> tuple[int, int]:
+    dim1 = args[2] if len(args) > 2 else kwargs.get("dim1", 0)
+    dim2 = args[3] if len(args) > 3 else kwargs.get("dim2", 1)
+    return dim1 % ndim, dim2 % ndim
+
+
+@rule(aten.diagonal.default)
+def diagonal(func, args, kwargs):
+    """The diagonal of two dims other than the rows (TensorNet's trace of a 3x3 per edge):
+    row-local; both dims go, the diagonal is appended last."""
+    x = args[0]
+    p = x._place
+    dims = _diagonal_dims(args, kwargs, x.dim())
+    if p.dim in dims:
+        refuse(func, args, kwargs, "it takes a diagonal across the row dimension")
+    return finish(func, args, run_local(func, args, kwargs), p.moved(p.dim - sum(k < p.dim for k in dims)), x._ctx)
+
+
+@rule(aten.diagonal_backward.default)
+def diagonal_backward(func, args, kwargs):
+    """The adjoint of `diagonal`: zeros of the input's shape, the gradient on the diagonal
+    (linear: any kind stays); the rows go back to the input's row dim."""
+    grad, sizes = args[0], args[1]
+    ndim = len(sizes)
+    dim1 = args[3] if len(args) > 3 else kwargs.get("dim1")
+    dim2 = args[4] if len(args) > 4 else kwargs.get("dim2")
+    kept = [k for k in range(ndim) if k not in (dim1 % ndim, dim2 % ndim)]
+    p = grad._place
+    if p.dim >= len(kept):
+        refuse(func, args, kwargs, "the gradient of a diagonal across the row dimension")
+    return finish(func, args, run_local(func, args, kwargs), p.moved(kept[p.dim]), grad._ctx)
+
+
 @rule(aten.slice.Tensor)
 def slice_(func, args, kwargs):
     x = args[0]
@@ -799,10 +832,12 @@ def refuse_local_counts(func, args, kwargs, ctx):
 
 @rule(aten.slice_backward.default)
 def slice_backward(func, args, kwargs):
-    """The adjoint of a slice of other dims: zeros around the rows' values (linear: any
-    kind stays). The select rules, its adjoint's too, are in `mlipdd.shard.aten.global_rows`."""
-    grad, dim = args[0], args[2] % len(args[1])
+    """The adjoint of a slice of other dims, or of a whole slice of the rows: zeros around the
+    rows' values (linear: any kind stays). The select rules, its adjoint's too, are in `mlipdd.shard.aten.global_rows`."""
+    grad, sizes, dim = args[0], args[1], args[2] % len(args[1])
     p = grad._place
-    if dim == p.dim:
+    start, end, step = args[3], args[4], args[5]  # all required in slice_backward's schema
+    whole = start in (None, 0) and (end is None or end >= sizes[dim]) and step == 1
+    if dim == p.dim and not whole:  # a whole slice of the rows (the only one `slice_` lets through) is the identity
         refuse(func, args, kwargs, "the gradient of a slice of the rows")
     return finish(func, args, run_local(func, args, kwargs), p.plain_values(), grad._ctx)

@@ -25,13 +25,30 @@ class RealModel:
     what: str  # one line for the table
 
 
-from mlipdd.testing.real_packages import schnetpack_models
+from mlipdd.testing.real_packages import (
+    matgl_models,
+    nequip_models,
+    orb_models,
+    schnetpack_models,
+    sevenn_models,
+)
 
 REAL_MODELS: dict[str, RealModel] = {
     "schnetpack SchNet": RealModel("schnetpack", "schnetpack", schnetpack_models.schnet,
                                    "NeuralNetworkPotential(SchNet), Strain + PairwiseDistances, Atomwise, Forces"),
     "schnetpack PaiNN": RealModel("schnetpack", "schnetpack", schnetpack_models.painn,
                                   "NeuralNetworkPotential(PaiNN), Strain + PairwiseDistances, Atomwise, Forces"),
+    "orb-v3 conservative": RealModel("orb-models", "orb_models.forcefield.pretrained", orb_models.conservative,
+                                     "orb_v3_conservative_architecture (small), AtomGraphs, ZBL, forces/stress by autograd"),
+    "orb-v3 direct": RealModel("orb-models", "orb_models.forcefield.pretrained", orb_models.direct,
+                               "orb_v3_direct_architecture (small), AtomGraphs, ZBL, force and stress heads"),
+    "sevenn SevenNet": RealModel("sevenn", "sevenn.model_build", sevenn_models.sevennet,
+                                 "build_E3_equivariant_model (small), ForceStressOutputFromEdge (forces from edge gradients)"),
+    "matgl TensorNet": RealModel("matgl", "matgl.apps.pes", matgl_models.tensornet,
+                                 "Potential(TensorNet) (small), PyG graph of fractional coordinates, forces/stress by autograd"),
+    # not in the test extra (torchmetrics, see __main__.NOT_INSTALLABLE): classified where installed
+    "nequip NequIP": RealModel("nequip", "nequip.model", nequip_models.nequip,
+                               "NequIPGNNModel (small), AtomicDataDict, forces/stress by autograd"),
 }
 
 

@@ -68,23 +68,24 @@ def test_validation_passes_an_exact_model(model):
 # * aten dispatch: sevenn's ForceStressOutputFromEdge scatters into ``torch.zeros(sum(num_atoms), 3)``,
 #   the whole system's size; orb's strain displacement ``bmm(positions, displacement[per_node])``
 #   mixes rows with a per-node gather built from a size. Where a rank holds more rows than the
-#   system has atoms, orb's plain-tensor code fails first with torch's own error (BARE: it names
-#   no op; the ``per_node_graph_indices`` of a searchsorted over ``arange(len(positions))``, the
-#   segments of ``repeat_interleave`` over the global counts): still a refusal on every rank.
+#   system has atoms, orb's code on replicated values fails first (the ``per_node_graph_indices``
+#   of a searchsorted over ``arange(len(positions))``, the segments of ``repeat_interleave`` over
+#   the global counts): torch's error, wrapped in a refusal that names the op and the cause
+#   (NOTE [failed on replicated values] in mlipdd.shard.aten.rules), on every rank.
 NEW_MODELS = ["orb-v3 conservative", "orb-v3 direct", "sevenn SevenNet"]
 BMM = "AtenRefusal: mlipdd aten dispatch refuses `aten::bmm.default`"
-BARE_INDEX = "IndexError: index 1 is out of bounds for dimension 0 with size 1"  # BARE
-BARE_EXPAND = "RuntimeError: The expanded size of the tensor"  # BARE
+GLOBAL_INDEX = "AtenRefusal: `aten::index.Tensor` failed on this rank (IndexError"
+GLOBAL_EXPAND = "AtenRefusal: `aten::expand.default` failed on this rank (RuntimeError"
 SEGMENTS = "NoRuleError: `Tensor.repeat_interleave` on rank-local rows"
 REFUSALS = {
     ("orb-v3 conservative", "halo", "function"): SEGMENTS,
     ("orb-v3 conservative", "sharded", "function"): SEGMENTS,
-    ("orb-v3 conservative", "halo", "aten"): BARE_INDEX,
+    ("orb-v3 conservative", "halo", "aten"): GLOBAL_INDEX,
     ("orb-v3 conservative", "sharded", "aten"): BMM,
     ("orb-v3 direct", "halo", "function"): SEGMENTS,
     ("orb-v3 direct", "sharded", "function"): SEGMENTS,
-    ("orb-v3 direct", "halo", "aten"): BARE_EXPAND,
-    ("orb-v3 direct", "sharded", "aten"): BARE_EXPAND,
+    ("orb-v3 direct", "halo", "aten"): GLOBAL_EXPAND,
+    ("orb-v3 direct", "sharded", "aten"): GLOBAL_EXPAND,
     ("sevenn SevenNet", "halo", "function"): "NoRuleError: the energy (or another differentiated output) does not "
                                              "depend on the inputs on this rank",
     ("sevenn SevenNet", "sharded", "function"): "NoRuleError: the energy (or another differentiated output) does "

@@ -236,9 +236,32 @@ def dispatch(func, args, kwargs):
     return refuse(func, args, kwargs, "no rule for this op")
 
 
+def laid_out_for_the_whole_system(n_entries: int, n_rows: int) -> tuple[str, str]:
+    """Why and fix of a plain operand with a whole system's rows meeting this rank's rows."""
+    return (f"a replicated or plain operand has {n_entries} entries along the row dimension, where this rank "
+            f"holds {n_rows} rows: it is laid out for the whole system, as one process holds it "
+            "(torch.repeat_interleave(per_system, atoms_per_system), a size read from a global count), not for "
+            "this rank's rows",
+            "read per-system values by each row's system index (per_system[batch.batch]), and build per-row "
+            "tensors from the distributed ones (torch.zeros_like(x))")
+
+
 def _replicated(func, args, kwargs):
     ctx = ctx_of(args, kwargs)
-    out = run_local(func, args, kwargs)
+    try:
+        out = run_local(func, args, kwargs)
+    except (IndexError, RuntimeError, ValueError) as exc:
+        if isinstance(exc, AtenRefusal):
+            raise
+        # NOTE [failed on replicated values]: no argument holds rows, so the op ran on this
+        # rank's values as they are; torch's own error would name neither the op nor the cause
+        raise AtenRefusal(
+            f"`{op_name(func)}` failed on this rank ({type(exc).__name__}: {exc}); none of its arguments holds "
+            "distributed rows, so it ran on this rank's replicated and plain values as they are: a size or an "
+            "index built for the whole system (a global atom count, a cumsum of per-system counts, "
+            "torch.arange(n_atoms)) does not fit this rank's rows. Fix: build per-row tensors from the "
+            "distributed ones (batch.batch for each row's system, torch.zeros_like(x), x.shape[0] of the rows)"
+        ) from exc
     if is_inplace(func) and isinstance(args[0], ShardTensor):
         return same_shape_as_local(args[0])
     if isinstance(out, torch.Tensor) or (isinstance(out, (tuple, list)) and any(isinstance(o, torch.Tensor) for o in out)):
@@ -273,12 +296,7 @@ def row_local(func, args, kwargs):
         along = out_dim - (ndim - t.dim())
         if not rows_of(t) and along >= 0 and t.shape[along] not in (1, n_rows):
             # torch would stop with a bare size mismatch (on the ranks whose count differs)
-            refuse(func, args, kwargs, f"a replicated or plain operand has {t.shape[along]} entries along the row "
-                   f"dimension, where this rank holds {n_rows} rows: it is laid out for the whole system, as one "
-                   "process holds it (torch.repeat_interleave(per_system, atoms_per_system), a size read from a "
-                   "global count), not for this rank's rows",
-                   "read per-system values by each row's system index (per_system[batch.batch]), and build "
-                   "per-row tensors from the distributed ones (torch.zeros_like(x))")
+            refuse(func, args, kwargs, *laid_out_for_the_whole_system(t.shape[along], n_rows))
         if not rows_of(t) and not uniform_along(t, along):
             refuse(func, args, kwargs, "a replicated or plain operand has one value per row: its rows are not "
                    "distributed, so they cannot be this rank's rows",

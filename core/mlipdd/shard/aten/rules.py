@@ -238,12 +238,13 @@ def dispatch(func, args, kwargs):
 
 def laid_out_for_the_whole_system(n_entries: int, n_rows: int) -> tuple[str, str]:
     """Why and fix of a plain operand with a whole system's rows meeting this rank's rows."""
-    return (f"a replicated or plain operand has {n_entries} entries along the row dimension, where this rank "
-            f"holds {n_rows} rows: it is laid out for the whole system, as one process holds it "
-            "(torch.repeat_interleave(per_system, atoms_per_system), a size read from a global count), not for "
-            "this rank's rows",
-            "read per-system values by each row's system index (per_system[batch.batch]), and build per-row "
-            "tensors from the distributed ones (torch.zeros_like(x))")
+    why = (f"a replicated or plain operand has {n_entries} entries along the row dimension, where this rank "
+           f"holds {n_rows} rows: it is laid out for the whole system, as one process holds it "
+           "(torch.repeat_interleave(per_system, atoms_per_system), a size read from a global count), not for "
+           "this rank's rows")
+    fix = ("read per-system values by each row's system index (per_system[batch.batch]), and build per-row "
+           "tensors from the distributed ones (torch.zeros_like(x))")
+    return why, fix
 
 
 def _replicated(func, args, kwargs):

@@ -21,7 +21,7 @@ def add_parser(subparsers) -> None:
     )
     parser.add_argument(
         "--handlers", action="store_true",
-        help="list the ShardTensor dispatch rules in the order they apply (layout, ops, what they do)",
+        help="list the aten dispatch rules (module, ops, what they do)",
     )
     parser.set_defaults(func=run)
 
@@ -89,18 +89,20 @@ def _qualname(cls: type) -> str:
 
 
 def handler_rows() -> list[dict]:
-    """The dispatch rules in the order the dispatch tries them (NOTE [precedence])."""
-    from mlipdd.shard import rules_in_order
+    """The aten dispatch's rules (one per aten op: NOTE [aten precedence] in
+    `mlipdd.shard.aten.rules`), each with the ops it takes and its docstring's first line."""
+    from mlipdd.shard.aten import RULES
 
-    return [
-        {"name": rule.name, "layout": rule.layout.__name__, "ops": rule.op_names(), "does": rule.describe()}
-        for rule in rules_in_order()
-    ]
+    ops_of: dict = {}
+    for op, fn in RULES.items():
+        ops_of.setdefault(fn, []).append(str(op))
+    return [{"name": fn.__name__, "layout": fn.__module__.rpartition(".")[2], "ops": sorted(ops),
+             "does": (fn.__doc__ or "").strip().split("\n")[0]} for fn, ops in ops_of.items()]
 
 
 def format_handlers(rules: list[dict]) -> str:
-    lines = ["ShardTensor dispatch rules, in the order they apply (first accepting rule wins;",
-             "layout 'Layout' = every layout; mlipdd.shard.registry.PRECEDENCE states the order):"]
+    lines = ["aten dispatch rules, one per aten op (an op on distributed rows without one is refused;",
+             "[module] = where the rule lives under mlipdd.shard.aten):"]
     for i, rule in enumerate(rules, 1):
         lines.append(f"  {i:>2}. {rule['name']:<26} [{rule['layout']}] {rule['does']}")
         lines.append(f"      ops: {', '.join(rule['ops'])}")

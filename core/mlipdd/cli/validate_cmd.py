@@ -30,9 +30,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add("--strategy", default="halo", metavar="NAME",
         help="decomposition strategy the ranks run: a registered name (halo, sharded, "
              "graph_partition or a plugin's; `mlipdd plugins` lists them; default halo)")
-    add("--dispatch", default=None, choices=("aten", "torch_function"),
-        help="ShardTensor dispatch the ranks run (default: the one a run would choose: MLIPDD_DISPATCH, "
-             "the model's needs_dispatch, the strategy's default)")
     add("--spec", metavar="FILE", help="start from this spec file instead of the model's own")
     add("--system", default=None, metavar="NAME",
         help="sample cell from mlipdd.testing.systems (cubic, triclinic, small_cell, slab, "
@@ -88,7 +85,6 @@ def _command_with_save(args: argparse.Namespace, keep_system: bool = True) -> st
     system = args.system if keep_system else None
     words = ["mlipdd", "validate", args.model, *(f"--model-arg {a}" for a in args.model_arg)]
     for flag, value, default in (("--world-size", args.world_size, 2), ("--strategy", args.strategy, "halo"),
-                                 ("--dispatch", args.dispatch, None),
                                  ("--system", system, None), ("--spec", args.spec, None)):
         if value != default:
             words.append(f"{flag} {value}")
@@ -112,8 +108,7 @@ def run(args: argparse.Namespace) -> int:
     spec = MLIPSpec.load(args.spec) if args.spec else None
     samples = _samples(args, model)
     report = trace_and_validate(factory, samples, world_size=args.world_size, spec=spec,
-                                max_attempts=args.max_attempts, device=args.device, strategy=args.strategy,
-                                dispatch=args.dispatch)
+                                max_attempts=args.max_attempts, device=args.device, strategy=args.strategy)
     summary, advice = _split_next(report, args)
     print(summary)
     checks = rank_checks.run_all(factory, samples[0], max(2, args.world_size))

@@ -86,9 +86,9 @@ from mlipdd.distributed.compiled import CompiledForceCall, differs_from_eager
 from mlipdd.distributed.compiled_sums import OWNED_ROWS, RANKS, summing_over_ranks
 from mlipdd.models.base import ModelWrapper, per_system_sum, strained
 from mlipdd.neighbors import NeighborList, build_neighbor_list
-from mlipdd.shard.exchange import all_reduce_sum, halo_accumulate, pad
-from mlipdd.spec.kinds import OutputKind
+from mlipdd.shard.exchange import halo_accumulate, pad
 from mlipdd.strategy.halo import HaloStrategy, model_inputs
+from mlipdd.strategy.outputs import consolidate_outputs
 
 __all__ = ["CompiledHaloCall", "HaloRows", "compiled_on_ranks", "is_energy_model", "receptive_hops",
            "refusal_on_ranks"]
@@ -215,19 +215,7 @@ class HaloRows:
                 value = halo_accumulate(value, plan)
             return value[: plan.n_owned]
 
-        result = {}
-        for name, value in outputs.items():
-            if not torch.is_tensor(value):
-                result[name] = value
-                continue
-            value = value.detach()
-            kind = spec.output_kinds.get(name, OutputKind.UNKNOWN)
-            if name in spec.all_reduce_outputs:
-                value = all_reduce_sum(value, self.strategy.group)
-            elif not (kind.is_per_graph() or kind.is_global()):
-                value = per_atom(name, value)
-            result[name] = value
-        return result
+        return consolidate_outputs(outputs, spec, self.strategy.group, per_atom)
 
 
 def compiled_on_ranks(model, strategy, spec, group, config, **options) -> CompiledHaloCall:

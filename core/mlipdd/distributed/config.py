@@ -76,7 +76,6 @@ class DomainConfig:
     compile: bool = False
     compile_backend: str = "inductor"
     compile_headroom: float = 1.2
-    dispatch: str | None = None  # "aten" / "torch_function"; None: chosen (NOTE [choosing the dispatch])
 
     def __post_init__(self) -> None:
         self.strategy = None if self.strategy is None else _strategy_name(self.strategy)

@@ -32,7 +32,6 @@ from mlipdd.distributed.empty_rank import explained_on_an_empty_rank
 from mlipdd.plugins import get_strategy
 from mlipdd.shard.custom_ops import activated
 from mlipdd.spec.patching import installed
-from mlipdd.strategy.dispatch import strategy_for_dispatch
 from mlipdd.strategy.halo import HaloStrategy
 
 
@@ -74,7 +73,6 @@ class DistributedModel(nn.Module):
         self.config = config
         self.group = group
         strategy_cls = get_strategy(config.strategy_name)
-        strategy_cls = strategy_for_dispatch(strategy_cls, config, model, group_size(group))  # NOTE [choosing the dispatch]
         self.spec = resolve_spec(model, config.strategy, spec)
         policy = self.spec.distribution.policy
         if not strategy_cls.accepts(policy):

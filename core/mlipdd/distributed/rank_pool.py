@@ -87,8 +87,6 @@ class RankPool:
 
     # ---- starting and stopping ------------------------------------------------------------
     def _start(self) -> None:
-        from mlipdd.strategy.dispatch import dispatch_env
-
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         ctx = rank_context(self.reference_model, backend)
         self._store_dir = tempfile.mkdtemp(prefix="mlipdd-ranks-")
@@ -98,7 +96,7 @@ class RankPool:
             proc = ctx.Process(
                 target=rank_main, name=f"mlipdd-rank-{rank}", daemon=True,
                 args=(rank, self.nproc, self._store_dir, os.getpid(), self._model, self.config,
-                      self._requested_dtype, backend, rank_device, self.timeout, child_end, dispatch_env()),
+                      self._requested_dtype, backend, rank_device, self.timeout, child_end),
             )
             proc.start()
             child_end.close()

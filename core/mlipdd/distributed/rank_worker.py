@@ -71,11 +71,8 @@ def build_model_object(model_or_factory, device=None, dtype: torch.dtype | None 
 
 
 def rank_main(rank: int, world: int, store_dir: str, parent_pid: int, model, config, dtype,
-              backend: str, device: str, collective_timeout_s: float, conn, dispatch: str | None = None) -> None:
+              backend: str, device: str, collective_timeout_s: float, conn) -> None:
     die_with_parent(parent_pid)
-    from mlipdd.strategy.dispatch import adopt_dispatch_env
-
-    adopt_dispatch_env(dispatch)
     if backend == "gloo" and not os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # share the cores
     from mlipdd.distributed.manager import DistributedManager

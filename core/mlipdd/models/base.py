@@ -99,10 +99,6 @@ class ModelWrapper(nn.Module):
     # The strategy `DomainConfig(strategy=None)` (the default) runs this model under on
     # several ranks with its own spec (`mlipdd.distributed.config.resolve_strategy`).
     preferred_strategy: str = "halo"
-    # The ShardTensor dispatch this model's code still needs ("torch_function" where the aten
-    # rules do not cover it yet); None: the default (NOTE [choosing the dispatch] in
-    # `mlipdd.strategy.dispatch`).
-    needs_dispatch: str | None = None
 
     @property
     def cutoff(self) -> float:

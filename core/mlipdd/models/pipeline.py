@@ -54,12 +54,6 @@ class PipelineModelWrapper(ModelWrapper):
             return None
         return functools.reduce(operator.or_, specs)
 
-    @property
-    def needs_dispatch(self) -> str | None:
-        """The dispatch a member declares it needs (NOTE [choosing the dispatch] in
-        `mlipdd.strategy.dispatch`): the whole pipeline runs in it."""
-        return next((m.needs_dispatch for m in self.models if getattr(m, "needs_dispatch", None)), None)
-
     def forward(self, batch: Batch, compute_stress: bool = False) -> dict[str, torch.Tensor]:
         if batch.neighbors is None:
             # one list for all members, on a view so the caller's batch is left alone

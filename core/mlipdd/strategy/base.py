@@ -8,7 +8,7 @@
     # per forward (the decomposition stage): one collective vote, then the agreed rebuild
     strategy.check(owned); due = strategy.rebuild_due(owned)   # rank-local
     strategy.prepare(owned, rebuild=<due on any rank>)          # collective: migrate, plan
-    model_batch, meta = strategy.model_batch(owned, spec)   # rows laid out as layout(policy)
+    model_batch, meta = strategy.model_batch(owned, spec)   # the rows and their context
     with strategy.model_scope(meta):
         outputs = model(model_batch)
     result = strategy.consolidate(outputs, meta, spec, autograd_outputs)
@@ -20,8 +20,7 @@ the MD step, before the force call.
 
 # NOTE [a strategy is self-contained]
 Everything the rest of mlipdd needs to know about a strategy is on its class: which
-storage policies it serves (``accepts``), the row layout it gives such a model
-(``layout``), the preset a plain model starts from (``preset``, for validation),
+storage policies it serves (``accepts``), the preset a plain model starts from (``preset``, for validation),
 whether every rank holds the whole system (``whole_system``) and whether its ownership
 is by cut planes (``spatial``: ``DomainConfig(balance=...)`` applies), and what a run
 reports of it (``report``). No table in the core is keyed by a strategy's name, so a
@@ -34,15 +33,12 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import importlib
 from typing import TYPE_CHECKING, ClassVar
 
 from mlipdd.comm import OnGroup
 
 if TYPE_CHECKING:
     from mlipdd.data import Batch
-    from mlipdd.shard import ShardMeta
-    from mlipdd.shard.layouts import Layout
 
 __all__ = ["Strategy"]
 
@@ -60,12 +56,6 @@ class Strategy(OnGroup, abc.ABC):
     preset: ClassVar[str | None] = None  # registered preset a model without a spec is validated from
     whole_system: ClassVar[bool] = False  # every rank holds every atom (validation checks ownership)
     spatial: ClassVar[bool] = False  # owns atoms by cut planes, so DomainConfig.balance applies
-    # the ShardTensor dispatches it runs, its default first (NOTE [choosing the dispatch] in
-    # mlipdd.strategy.dispatch); empty: it builds its own rows, the dispatch setting does not apply
-    dispatches: ClassVar[tuple[str, ...]] = ()
-    # "module:Class" of the aten form of a strategy whose ``dispatches`` hold "aten" (the form
-    # subclasses the strategy, so it is named here and imported when asked for)
-    aten_class: ClassVar[str | None] = None
     grid = None
     rebuilds: int = 0
     balance = None  # the `LoadBalance` of a strategy that moves its cut planes
@@ -76,25 +66,9 @@ class Strategy(OnGroup, abc.ABC):
         """A strategy for ``config`` (a `DomainConfig`) on ``group``."""
 
     @classmethod
-    def with_dispatch(cls, dispatch: str) -> type:
-        """The class that runs ``dispatch`` (one of ``dispatches``): this one, or its aten form
-        (for a third party's subclass of a built-in strategy, a class of both)."""
-        if dispatch != "aten" or cls.aten_class is None:
-            return cls
-        from mlipdd.strategy.dispatch import aten_form
-
-        module, name = cls.aten_class.split(":")
-        return aten_form(cls, getattr(importlib.import_module(module), name))
-
-    @classmethod
     @abc.abstractmethod
     def accepts(cls, policy) -> bool:
         """Whether a model whose spec has this storage ``policy`` can run under it."""
-
-    @abc.abstractmethod
-    def layout(self, policy) -> Layout:
-        """The row layout (`mlipdd.shard.layouts`) a model with ``policy`` gets here: the
-        dispatch picks its rules by the layout's type, so this decides how ops cross ranks."""
 
     @abc.abstractmethod
     def partition(self, full: Batch | None, device=None) -> Batch:
@@ -115,18 +89,19 @@ class Strategy(OnGroup, abc.ABC):
         some rank's `rebuild_due` said so): migrate and rebuild then, else keep the plan."""
 
     @abc.abstractmethod
-    def model_batch(self, batch: Batch, spec) -> tuple[Batch, ShardMeta]:
-        """The batch the model's forward sees, and the metadata of its rows."""
+    def model_batch(self, batch: Batch, spec) -> tuple[Batch, object]:
+        """The batch the model's forward sees, and the context of its rows (handed back to
+        `model_scope` and `consolidate`)."""
 
     @abc.abstractmethod
-    def consolidate(self, outputs: dict, meta: ShardMeta, spec, autograd_outputs) -> dict:
+    def consolidate(self, outputs: dict, meta, spec, autograd_outputs) -> dict:
         """The model's outputs -> replicated per-system values and owned per-atom rows."""
 
     def use_spec(self, spec) -> None:
         """Called once, right after `from_config`, with the model's resolved spec: a
         strategy whose layout depends on the model learns it here (default: nothing)."""
 
-    def model_scope(self, meta: ShardMeta):
+    def model_scope(self, meta):
         """A context entered around the model's forward (default: none)."""
         return contextlib.nullcontext()
 

@@ -7,7 +7,9 @@ replicated already (the model's per-system sums were completed by the dispatch) 
 is kept as it is, whatever its row count; a PER_NODE output goes through the
 strategy's row rule (ghost partials to owners, owned rows kept). An output the spec
 does not declare (UNKNOWN) goes through the row rule too, which keeps the tensors
-whose rows are this rank's atoms and passes anything else through.
+whose rows are this rank's atoms and passes anything else through. These are the rules
+for PLAIN outputs (the compiled calls' partials); the eager forward's ShardTensor outputs
+are consolidated by placement (`SpatialStrategy.consolidate`).
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from mlipdd.shard import all_reduce_sum, local
-from mlipdd.shard.replicated import is_replicated
+from mlipdd.shard.exchange import all_reduce_sum
 from mlipdd.spec.kinds import OutputKind
 
 
@@ -30,12 +31,9 @@ def consolidate_outputs(outputs: dict, spec, group, per_atom: Callable | None = 
         if not torch.is_tensor(value):
             result[name] = value
             continue
-        # a rule's cross-rank reduction made it (a per-system scatter inside the model):
-        # summing it again would count every rank's share world-size times
-        reduced = is_replicated(value)
-        value = local(value).detach()
+        value = value.detach()
         kind = spec.output_kinds.get(name, OutputKind.UNKNOWN)
-        if name in spec.all_reduce_outputs and not reduced:
+        if name in spec.all_reduce_outputs:
             value = all_reduce_sum(value, group)
         elif kind.is_per_graph() or kind.is_global():
             pass  # replicated on every rank

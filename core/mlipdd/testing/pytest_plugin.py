@@ -9,22 +9,13 @@ checks with two lines in its own tests::
 Rank counts: each suite states its own (``world_sizes=``, default 2, 3, 4);
 ``pytest --mlipdd-world-sizes=2,3,4`` overrides them for every suite in the run (e.g. a
 quick local run at 2 ranks, the full matrix in CI).
-
-``@pytest.mark.old_dispatch("issue 21: <the gap>")`` runs one test on the torch-function
-dispatch (``MLIPDD_DISPATCH=torch_function`` for its duration; spawned ranks take the
-launcher's value when they start, `mlipdd.strategy.dispatch.adopt_dispatch_env`, so a pool a
-module fixture started before the test keeps its dispatch: a pinned test starts its own): the pins of the aten flip,
-each naming the gap that keeps it there (``pytest -m old_dispatch --collect-only`` lists them).
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 CONFORMANCE_MARKER = "mlipdd_conformance"
-OLD_DISPATCH_MARKER = "old_dispatch"
 
 
 def pytest_addoption(parser):
@@ -42,32 +33,6 @@ def pytest_configure(config):
         "markers", f"{CONFORMANCE_MARKER}(world_sizes): single process vs spawned ranks (mlipdd)"
     )
     config.addinivalue_line("markers", "slow: longer runs (deselect with -m 'not slow')")
-    config.addinivalue_line(
-        "markers", f"{OLD_DISPATCH_MARKER}(reason): run on the torch-function dispatch until the aten gap "
-                   "named by reason is closed (issue 21)"
-    )
-
-
-@pytest.fixture(autouse=True)
-def _mlipdd_old_dispatch(request):
-    """A test marked ``old_dispatch(reason)`` runs with ``MLIPDD_DISPATCH=torch_function``."""
-    marker = request.node.get_closest_marker(OLD_DISPATCH_MARKER)
-    if marker is None:
-        yield
-        return
-    reason = marker.args[0] if marker.args else marker.kwargs.get("reason")
-    if not reason:
-        raise pytest.UsageError(f"{request.node.nodeid}: @pytest.mark.old_dispatch needs the gap that "
-                                "keeps it there, e.g. old_dispatch(\"issue 21: mean over atoms\")")
-    before = os.environ.get("MLIPDD_DISPATCH")
-    os.environ["MLIPDD_DISPATCH"] = "torch_function"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("MLIPDD_DISPATCH", None)
-        else:
-            os.environ["MLIPDD_DISPATCH"] = before
 
 
 def parse_world_sizes(text: str) -> tuple[int, ...]:

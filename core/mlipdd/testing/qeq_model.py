@@ -14,7 +14,7 @@ autograd through everything, charges included.
 
 No distributed code: under sharded storage the sums become local sum + all_reduce, the
 reads of neighbours' rows are routed to their owners, and the multiplier ``lam`` read
-per atom carries its gradient back to every rank (`mlipdd.shard.sharded_handlers`).
+per atom carries its gradient back to every rank (NOTE [aten sharded storage] in `mlipdd.shard.aten.index_rules`).
 """
 
 from __future__ import annotations

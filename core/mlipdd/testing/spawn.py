@@ -64,14 +64,11 @@ def _context():
     return _CTX
 
 
-def _worker(rank, world_size, port, fn, args, kwargs, results, backend, threads, dispatch, stack_file):
-    from mlipdd.strategy.dispatch import adopt_dispatch_env
-
+def _worker(rank, world_size, port, fn, args, kwargs, results, backend, threads, stack_file):
     # A rank that hangs is asked for its Python stack (SIGUSR1) before it is killed: the
     # failure then says which collective or lock each rank waits in, not only "no result".
     stack_out = open(stack_file, "w")  # noqa: SIM115 - open for the life of the rank
     faulthandler.register(signal.SIGUSR1, file=stack_out, all_threads=False)
-    adopt_dispatch_env(dispatch)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
         WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS=str(threads),
@@ -140,8 +137,6 @@ _NOT_JOINED = "[the rank could not join the process group] "
 
 
 def _launch(fn, world_size, args, kwargs, timeout, backend, threads) -> list[Any]:
-    from mlipdd.strategy.dispatch import dispatch_env
-
     ctx = _context()
     results = ctx.Queue()
     port = free_port()
@@ -149,7 +144,7 @@ def _launch(fn, world_size, args, kwargs, timeout, backend, threads) -> list[Any
     stack_files = [os.path.join(stacks, f"rank{r}.stack") for r in range(world_size)]
     procs = [
         ctx.Process(target=_worker, args=(r, world_size, port, fn, args, kwargs, results, backend, threads,
-                                          dispatch_env(), stack_files[r]))
+                                          stack_files[r]))
         for r in range(world_size)
     ]
     for p in procs:

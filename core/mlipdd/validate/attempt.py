@@ -1,7 +1,7 @@
 """One validation attempt: spawn ranks with a candidate spec and compare with the reference.
 
 The worker reuses the conformance kit's `distributed_outputs` (partition from rank 0,
-one distributed forward) and adds the rank's rule firings (either dispatch), so the
+one distributed forward) and adds the rank's rule firings, so the
 report can say which dispatch rules the run actually exercised, what the rank's model could see of the
 system (NOTE [conclusive sample] in `mlipdd.validate.coverage`) and which ops on rows ran
 without a rule (`mlipdd.validate.rank_trace`).
@@ -28,20 +28,15 @@ REPLICATED_OUTPUTS = ("energy", "stress")
 
 def validation_worker(rank, world_size, model_factory, samples, spec, config_kwargs, compute_stress):
     """Spawned rank: one distributed forward per sample, each with which dispatch rules
-    fired (the torch-function dispatch's handlers, or the aten dispatch's rules as its
-    trace saw them), what the model saw of the system and the ops the dispatch did not
+    fired (the aten dispatch's rules as its trace saw them), what the model saw of the system and the ops the dispatch did not
     check (ops on rows without a rule; under aten what it took on the model's word)."""
-    from mlipdd.shard import registry
-
-    dispatch = config_kwargs.get("dispatch") or "torch_function"
     outs = []
     for batch in samples:
-        registry.reset_counts()
         traces = []
-        factory = functools.partial(watched_model, model_factory, traces, dispatch)
+        factory = functools.partial(watched_model, model_factory, traces)
         out = distributed_outputs(rank, world_size, factory, batch, config_kwargs, compute_stress, spec)
         trace = traces[0]
-        out["fired"] = dict(trace.fired) if dispatch == "aten" else dict(registry.FIRED)
+        out["fired"] = dict(trace.fired)
         out["view"] = {**trace.view, "owned": int(out["atom_ids"].shape[0])}
         out["suspects"] = dict(trace.suspects)
         outs.append(out)

@@ -13,13 +13,13 @@ from mlipdd.validate.attempt import compare
 from mlipdd.validate.translate import failure_line
 
 
-def cuda_worker(rank, world_size, model_factory, batch, spec, compute_stress, strategy="halo", dispatch=None):
+def cuda_worker(rank, world_size, model_factory, batch, spec, compute_stress, strategy="halo"):
     from mlipdd.distributed import DistributedModel, DomainConfig
 
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
     model = model_factory().to(device)
-    dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, strategy=strategy, dispatch=dispatch), spec=spec)
+    dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, strategy=strategy), spec=spec)
     owned = dm.partition(batch if rank == 0 else None, device=device)
     out = dm(owned, compute_stress=compute_stress)
     order = torch.argsort(owned.atom_ids)
@@ -34,7 +34,7 @@ def cuda_check(model_factory, batch, report, timeout: float = 300.0) -> str:
     compute_stress = "stress" in report.reference
     try:
         (out,) = run_ranks(cuda_worker, 1, model_factory, batch, spec, compute_stress, report.strategy,
-                           report.dispatch or None, backend="nccl", timeout=timeout)
+                           backend="nccl", timeout=timeout)
     except RankFailure as failure:
         return f"CUDA single-rank check failed: {failure_line(failure)}"
     diffs = {name: compare(name, out.get(name), report.reference[name], report.tolerances)

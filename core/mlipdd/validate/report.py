@@ -70,7 +70,7 @@ class ValidationReport:
     attempts: list[Attempt] = field(default_factory=list)
     world_size: int = 2
     strategy: str = "halo"  # the decomposition strategy the ranks ran
-    dispatch: str = ""  # the ShardTensor dispatch they ran ("aten" / "torch_function"; NOTE [choosing the dispatch])
+    dispatch: str = ""  # the ShardTensor dispatch they ran ("aten")
     placements_decide: bool = False  # the aten form of halo / sharded: NOTE [auto-fix under aten]
     diffs: dict[str, OutputDiff] = field(default_factory=dict)
     handlers_fired: dict[str, int] = field(default_factory=dict)

@@ -63,22 +63,14 @@ PLACEMENTS_NOTE = ("under the aten dispatch each tensor's placement decides what
                    "are not read (the auto-fix rules that change them are skipped)")
 
 
-def run_dispatch(model, strategy: str, world_size: int, dispatch: str | None = None) -> tuple[str, bool]:
-    """``(dispatch, placements decide)``: the dispatch a real run of ``model`` under
-    ``strategy`` at ``world_size`` ranks uses (NOTE [choosing the dispatch]; ``dispatch``
-    forces one, as ``DomainConfig.dispatch`` does), and whether the strategy class that
-    runs then reads the spec's scatter / reduction fields (False) or goes by placements."""
-    from mlipdd.distributed.config import DomainConfig
+def run_dispatch(model, strategy: str, world_size: int) -> tuple[str, bool]:
+    """``(dispatch, placements decide)``: the aten dispatch, and whether the strategy that runs
+    goes by placements (halo and sharded storage at several ranks) rather than reading the
+    spec's scatter / reduction fields."""
     from mlipdd.plugins import get_strategy
-    from mlipdd.strategy.aten_halo import AtenHaloStrategy
-    from mlipdd.strategy.aten_sharded import AtenShardedStrategy
-    from mlipdd.strategy.dispatch import dispatch_for, strategy_for_dispatch
+    from mlipdd.strategy import HaloStrategy, ShardedStrategy
 
-    config = DomainConfig(cutoff=float(model.cutoff), strategy=strategy, dispatch=dispatch)
-    cls = get_strategy(strategy)
-    name = dispatch_for(config, cls, model, world_size)
-    runs = strategy_for_dispatch(cls, config, model, world_size)
-    return name, issubclass(runs, (AtenHaloStrategy, AtenShardedStrategy)) and world_size > 1
+    return "aten", issubclass(get_strategy(strategy), (HaloStrategy, ShardedStrategy)) and world_size > 1
 
 
 def _spec_key(spec) -> str:
@@ -99,7 +91,7 @@ def _fail(report: ValidationReport, error: BaseException, stage: str) -> Validat
 
 def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: int = 2, spec=None,
                        max_attempts: int = 4, tolerances: dict | None = None, device=None,
-                       timeout: float = 300.0, strategy="halo", dispatch: str | None = None) -> ValidationReport:
+                       timeout: float = 300.0, strategy="halo") -> ValidationReport:
     """Check that ``model_factory()`` runs distributed exactly as single-process.
 
     ``strategy``: ``"halo"`` (default), ``"sharded"`` or ``"graph_partition"`` (or a
@@ -110,11 +102,7 @@ def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: i
     checked) in which some rank sees every atom is run too, with a warning in the report
     that a pass there is not conclusive. ``model_factory`` must
     be picklable (a module-level function, or ``functools.partial`` of a class) because
-    each spawned rank calls it. ``dispatch``: the ShardTensor dispatch (``"aten"`` or
-    ``"torch_function"``); None picks the one a real run of this model under this
-    strategy would (`mlipdd.strategy.dispatch.dispatch_for`: ``MLIPDD_DISPATCH``, the
-    model's ``needs_dispatch``, the strategy's default), so what passes here is what
-    runs. Returns a `ValidationReport`; when ``report.ok``, ``report.spec`` is ready
+    each spawned rank calls it. Returns a `ValidationReport`; when ``report.ok``, ``report.spec`` is ready
     for ``save``.
     """
     report = ValidationReport(world_size=world_size, strategy=str(getattr(strategy, "value", strategy)))
@@ -133,7 +121,7 @@ def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: i
     except Exception as exc:  # noqa: BLE001 - reported, not raised: the report is the answer
         return _fail(report, exc, "model factory")
     try:
-        report.dispatch, report.placements_decide = run_dispatch(model, report.strategy, world_size, dispatch)
+        report.dispatch, report.placements_decide = run_dispatch(model, report.strategy, world_size)
     except InputError as exc:
         return _fail(report, exc, "dispatch choice")
     batch = samples[0]
@@ -193,7 +181,7 @@ def _attempt_loop(report, spec, model_factory, samples, references, max_attempts
     for number in range(1, max(1, max_attempts) + 1):
         attempt = run_attempt(number, change, spec, model_factory, samples, references,
                               report.world_size, report.tolerances,
-                              config_kwargs={"strategy": report.strategy, "dispatch": report.dispatch},
+                              config_kwargs={"strategy": report.strategy},
                               timeout=timeout, holds_all=whole_system(report.strategy))
         report.attempts.append(attempt)
         if attempt.ok:
@@ -278,25 +266,12 @@ def _conclude(report: ValidationReport, max_attempts: int, skin=None) -> None:
                               "GatherInputs(), per-atom partial outputs ScatterOutputs(), per-rank "
                               "partial sums AllReduceSum()")
     elif last.unruled_suspects:
-        report.diagnosis, report.next_action = suspects_advice(wrong, last.unruled_suspects, report.dispatch)
-    elif report.dispatch == "aten":
+        report.diagnosis, report.next_action = suspects_advice(wrong, last.unruled_suspects)
+    else:
         report.diagnosis = (f"wrong {wrong} after {len(report.attempts)} attempt(s), although every op on "
                             "distributed rows ran through an aten rule")
         report.next_action = (
             "look for what the dispatch cannot see: computations on mlipdd.shard.local(...) tensors, plain "
             "tensors built from Python numbers of this rank (len(batch), .tolist()), custom ops and their "
             "OpAdapters, and values passed between calls outside the batch; then re-validate"
-        )
-    elif report.unhandled_aggregations:
-        ops = ", ".join(report.unhandled_aggregations)
-        report.diagnosis = f"wrong {wrong}; the model accumulates rows with {ops}, which has no {report.strategy} rule"
-        report.next_action = (f"replace {ops} with scatter_add / index_add (out of place, or rebound: "
-                              "x = x.index_add_(...)) so the dispatch can complete the sums across ranks")
-    else:
-        report.diagnosis = (f"wrong {wrong} after {len(report.attempts)} attempt(s); no auto-fix rule "
-                            "recognised the pattern")
-        report.next_action = (
-            "write the spec by hand and pass spec=...: check output_kinds, all_reduce_outputs "
-            "(per-rank partials) and owned_only_outputs (per-atom outputs complete on their owner); "
-            "the attempts and handler firings above show what the runs exercised"
         )

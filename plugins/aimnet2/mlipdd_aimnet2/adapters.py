@@ -52,12 +52,8 @@ def rebinding_mol_sum(original, x: torch.Tensor, data: dict) -> torch.Tensor:
 
 def halo_refreshed_convolution(original, self, data: dict, a: torch.Tensor) -> torch.Tensor:
     """`aimnet.modules.aev.ConvSV.forward`, then ghost rows take their owner's result."""
-    from mlipdd.shard import ShardTensor, halo_fill, local
-
-    out = original(self, data, a)
-    if not isinstance(out, ShardTensor) or not (out.meta.layout.is_halo() and out.meta.layout.correct_scatters):
-        return out  # one process, or sharded storage (no ghost rows)
-    return ShardTensor.wrap(halo_fill(local(out), out.meta.plan), out.meta)
+    # the aten dispatch refreshes the ghost rows itself (its scatter rules): nothing to add
+    return original(self, data, a)
 
 
 def aimnet2_helpers(halo: bool = False) -> tuple:

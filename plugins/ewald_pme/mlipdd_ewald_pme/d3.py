@@ -23,7 +23,6 @@ import torch
 from mlipdd import Batch
 from mlipdd.data import InputError
 from mlipdd.models import ModelConfig, ModelWrapper, NeighborConfig
-from mlipdd.shard import as_edge_rows
 
 from mlipdd_ewald_pme.d3_c6 import DEFAULT_CHUNK, pair_c6
 from mlipdd_ewald_pme.spec import SPEC_DFTD3_HALO
@@ -162,7 +161,6 @@ class D3Wrapper(ModelWrapper):
         n_z = self.c6.shape[0]
         table = self.c6.to(dtype).reshape(n_z * n_z, *self.c6.shape[2:])  # NOTE [chunked D3 pairs]
         c6 = pair_c6(weights_sender, weights[receiver], z[sender] * n_z + z[receiver], table, self.chunk)
-        c6 = as_edge_rows(c6, safe)  # edge rows even where this rank's edge and atom counts coincide
         qq = (3.0 * self.r4r2[z[sender]] * self.r4r2[z[receiver]]).to(dtype)
         p = self.params
         radius = p["a1"] * torch.sqrt(qq) + p["a2"]

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 
 import torch
-from mlipdd.shard import ShardTensor, call_adapted, is_distributed, local, pad, process_group
+from mlipdd.shard import call_adapted, is_distributed, process_group
 from mlipdd.spec import OpAdapter, SliceOwned
 
 from mlipdd_ewald_pme.coulomb import COULOMB_EV_ANGSTROM
@@ -242,14 +242,6 @@ def reciprocal_energies(batch, positions, cell, charges, alpha: float, spline_or
     """Per-atom PME reciprocal energies with each system's mesh split over the ranks
     (NOTE [distributed mesh under DD]); plain tensors (one process) run the same code."""
     options = {"alpha": alpha, "spline_order": spline_order, "dims": dims}
-    meta = next((t._meta for t in (positions, charges) if isinstance(t, ShardTensor)), None)
-    if meta is None:  # one process, or the aten dispatch: NOTE [distributed mesh under the aten dispatch]
-        return call_adapted(RECIPROCAL_ADAPTER, owned_energies, positions, charges, batch.batch, cell,
-                            group=process_group(positions), distributed=is_distributed(positions), **options)
-    n_owned = meta.n_owned
-    pos, q = local(positions)[:n_owned], local(charges)[:n_owned]
-    energies = owned_energies(pos, q, local(batch.batch)[:n_owned], local(cell), group=meta.group,
-                              distributed=True, **options)
-    if meta.layout.is_halo():  # ghost rows get their owner's value; by layout, not by a rank's row
-        energies = pad(energies, meta.plan)  # count: pad is a collective, a rank without ghosts joins it
-    return ShardTensor.wrap(energies, meta)
+    # one process or the aten dispatch (the only one): NOTE [distributed mesh under the aten dispatch]
+    return call_adapted(RECIPROCAL_ADAPTER, owned_energies, positions, charges, batch.batch, cell,
+                        group=process_group(positions), distributed=is_distributed(positions), **options)

@@ -51,7 +51,7 @@ import types
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from mlipdd.shard import ShardTensor, call_adapted, local
+from mlipdd.shard import call_adapted, local
 from mlipdd.spec import OpAdapter, ScatterOutputs
 
 # NOTE [chunked MACE under the aten dispatch]
@@ -72,7 +72,7 @@ def _plain(t):
 
 def _rows_like(ref: torch.Tensor, plain: torch.Tensor) -> torch.Tensor:
     """``plain`` (this rank's rows) carrying ``ref``'s row layout under domain decomposition."""
-    return ShardTensor.wrap(plain, ref.meta) if isinstance(ref, ShardTensor) else plain
+    return plain
 
 
 def _bias_free_last_layer(mlp):
@@ -162,32 +162,9 @@ def _summed_messages(up, edge_attrs, edge_feats, cutoff, sender, receiver, *, bl
 
 def edge_messages(block, chunk, up, edge_attrs, edge_feats, cutoff, edge_index):
     """The summed messages on every node row, ``chunk`` edges at a time."""
-    if not isinstance(up, ShardTensor):  # one process, or NOTE [chunked MACE under the aten dispatch]
-        return call_adapted(MESSAGES_ADAPTER, _summed_messages, up, edge_attrs, edge_feats, cutoff,
-                            edge_index[0], edge_index[1], block=block, chunk=chunk)
-    senders = up
-    if isinstance(up, ShardTensor) and up.meta.layout.is_sharded():
-        # Sharded storage: a sender may be another rank's atom. Fetch every row the edges
-        # read ([owned | request table]) in one routed read per layer, the same collective
-        # on every rank whatever its chunk count; the chunks then index it locally.
-        table_rows = torch.arange(up.meta.plan.n_padded, device=local(up).device)
-        senders = up.index_select(0, table_rows)
-    partial = EdgeChunkedMessages.apply(
-        block, chunk, _plain(senders), _plain(edge_attrs), _plain(edge_feats), _plain(cutoff),
-        _plain(edge_index[0]), _plain(edge_index[1]),
-    )[: local(up).shape[0]]  # receivers are node rows (owned ones under sharded storage)
-    return _into_node_rows(up, partial)
-
-
-def _into_node_rows(up, partial):
-    """``partial`` (this rank's sums on plain rows) as the node rows of ``up``'s layout."""
-    if not isinstance(up, ShardTensor):
-        return partial
-    # NOTE [one scatter per layer]: the chunks summed this rank's edges on plain rows; this
-    # scatter into node rows is the plain model's `scatter_sum`, so under domain
-    # decomposition the dispatch refreshes ghost rows here, once, as it does there.
-    rows = torch.arange(partial.shape[0], device=partial.device)
-    return up.new_zeros(partial.shape).index_add(0, rows, partial)
+    # one process, or distributed: NOTE [chunked MACE under the aten dispatch]
+    return call_adapted(MESSAGES_ADAPTER, _summed_messages, up, edge_attrs, edge_feats, cutoff,
+                        edge_index[0], edge_index[1], block=block, chunk=chunk)
 
 
 def _interaction_forward(block, chunk_atoms, spans_cache):
@@ -232,8 +209,6 @@ def _product_forward(block, chunk_atoms, original):
         return _rows_like(node_feats, torch.cat(parts))
 
     def forward(self, node_feats, sc, node_attrs):
-        if isinstance(node_feats, ShardTensor):  # the torch-function dispatch
-            return chunked(node_feats, sc, node_attrs)
         return call_adapted(PRODUCT_ADAPTER, chunked, node_feats, sc, node_attrs)  # NOTE [chunked MACE under ...]
 
     return types.MethodType(forward, block)

@@ -239,7 +239,7 @@ class FusedEdgeChunkedMessages(torch.autograd.Function):
         grad_feats = torch.zeros_like(edge_feats) if want[2] else None
         grad_cut = torch.zeros_like(cutoff) if want[3] else None
         if ctx.vjp is not None:
-            from mlipdd.shard import FIRED
+            from mlipdd_mace.cueq import FIRED
 
             FIRED["mace_cueq:fused_conv_chunked_vjp"] += 1
         grad = grad.contiguous()
@@ -264,32 +264,18 @@ def fused_edge_messages(block, chunk, up, edge_attrs, edge_feats, cutoff, edge_i
     """The fused convolution's summed messages on every node row, ``chunk`` edges at a time.
 
     NOTE [chunked fused convolution under DD]: the chunks call the kernel on plain tensors
-    (the sender table of `mlipdd_mace.cueq._sender_table`: halo ``[owned | ghost]`` rows made
-    current, sharded ``[owned | request table]`` in one routed read), so the cuEq DD rule
-    does not see them; what it would do after its one kernel call, one scatter into node
-    rows, `_into_node_rows` does after the last chunk. Every rank thus issues the same
-    collectives (one table read or refresh, one scatter per layer) whatever its chunk count.
+    inside one adapted call (NOTE [chunked MACE under the aten dispatch]): the table is this
+    rank's node rows (halo ``[owned | ghost]``, sharded ``[owned | request table]``), and
+    the core completes the one scatter into node rows per layer (``ScatterOutputs``).
     """
-    from mlipdd.shard import FIRED, ShardTensor, local
-    from mlipdd_mace.chunked import _into_node_rows, _plain
-    from mlipdd_mace.cueq import _sender_table
+    from mlipdd.shard import call_adapted
+    from mlipdd_mace.chunked import MESSAGES_ADAPTER
+    from mlipdd_mace.cueq import FIRED
 
     FIRED["mace_cueq:fused_conv_chunked"] += 1  # a test that never got here tests nothing
-    if not isinstance(up, ShardTensor):  # one process, or NOTE [chunked MACE under the aten dispatch]
-        from mlipdd.shard import call_adapted
-        from mlipdd_mace.chunked import MESSAGES_ADAPTER
-
-        return call_adapted(MESSAGES_ADAPTER, _fused_summed_messages, up, edge_attrs, edge_feats, cutoff, edge_index,
-                            block=block, chunk=chunk, spans_cache=spans_cache)
-    table = _plain(_sender_table(up))
-    index = _plain(edge_index)
-    separate = _polynomial_call(block.conv_tp) is not None
-    spans = spans_of(spans_cache, index, chunk, table.shape[0], separate)
-    width = block.linear.irreps_in.dim  # the messages feed the block's linear
-    partial = FusedEdgeChunkedMessages.apply(
-        block, chunk, spans, table, _plain(edge_attrs), _plain(edge_feats), _plain(cutoff), index, width,
-    )[: local(up).shape[0]]
-    return _into_node_rows(up, partial)
+    # one process, or distributed: NOTE [chunked MACE under the aten dispatch]
+    return call_adapted(MESSAGES_ADAPTER, _fused_summed_messages, up, edge_attrs, edge_feats, cutoff, edge_index,
+                        block=block, chunk=chunk, spans_cache=spans_cache)
 
 
 def _fused_summed_messages(table, edge_attrs, edge_feats, cutoff, index, *, block, chunk, spans_cache):

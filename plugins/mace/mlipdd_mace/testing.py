@@ -188,8 +188,8 @@ def outputs_per_strategy(rank, world_size, model_factory, batches, strategies, d
     energy and stress, ghost rows read, and how often the cuEq row rules fired
     (`mlipdd_mace.cueq`), all on the CPU."""
     from mlipdd.distributed import DistributedModel, DomainConfig
-    from mlipdd.shard import FIRED
     from mlipdd.testing.conformance import build_model
+    from mlipdd_mace.cueq import FIRED
 
     model = build_model(model_factory, device)
     results = {}

@@ -15,10 +15,9 @@ import torch
 
 from mlipdd.data import Batch
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig
-from mlipdd.shard import ShardTensor
-from mlipdd.shard.aten import ShardTensor as AtenShardTensor
+from mlipdd.shard import is_distributed
 from mlipdd_mace.chunked import chunked_blocks, estimate_memory
-from mlipdd_mace.cueq import distributed_kernels, tensor_product_path, to_cueq, uses_cuequivariance
+from mlipdd_mace.cueq import tensor_product_path, to_cueq, uses_cuequivariance
 from mlipdd_mace.cueq_aten import aten_kernels
 from mlipdd_mace.empty_rows import empty_rows_guard
 from mlipdd_mace.graph import cartesian_shifts, mace_inputs, one_hot_elements
@@ -225,13 +224,10 @@ class MACEWrapper(ModelWrapper):
             if self.chunk_atoms is not None and not keep_graph else contextlib.nullcontext()
         )
         no_rows = empty_rows_guard(self.model) if positions.shape[0] == 0 else contextlib.nullcontext()
-        # cuEq kernels read raw rows: under domain decomposition they are told which
-        # (NOTE [cuEq under domain decomposition] in mlipdd_mace.cueq)
-        cueq_rows = contextlib.nullcontext()
-        if self.cuequivariance and isinstance(positions, ShardTensor):
-            cueq_rows = distributed_kernels(self.model)
-        elif self.cuequivariance and isinstance(positions, AtenShardTensor):  # NOTE [cuEq kernels under aten]
-            cueq_rows = aten_kernels(self.model)
+        # cuEq kernels read raw rows: under domain decomposition each call is one adapted
+        # call (NOTE [cuEq kernels under aten] in mlipdd_mace.cueq_aten)
+        cueq_rows = (aten_kernels(self.model) if self.cuequivariance and is_distributed(positions)
+                     else contextlib.nullcontext())
         try:
             # forces are an autograd derivative, even in no_grad
             with torch.enable_grad(), chunking, no_rows, cueq_rows:

@@ -13,11 +13,11 @@ import functools
 import pytest
 import torch
 
-from mlipdd.shard import FIRED
 from mlipdd.testing.conformance import gather_by_id, relative_difference
 from mlipdd.testing.spawn import run_ranks
 from mlipdd_mace.chunked import unsupported_blocks
 from mlipdd_mace.chunked_fused import _polynomial_call, _row_spans
+from mlipdd_mace.cueq import FIRED
 from mlipdd_mace.testing import (
     COMPARED_OUTPUTS,
     SMALL_CUEQ_ARCH,

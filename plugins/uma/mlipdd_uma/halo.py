@@ -41,19 +41,9 @@ from __future__ import annotations
 import math
 
 import torch
-from mlipdd.shard import ShardTensor, as_edge_rows, halo_correct, local
+from mlipdd.shard import local
 from mlipdd.shard.aten import ShardTensor as AtenShardTensor
 from torch.utils._python_dispatch import _disable_current_modes
-
-FUSED_BACKEND_MESSAGE = (
-    "the UMA execution backend {name} fuses the edge->node scatter into one kernel, which the "
-    "halo strategy cannot refresh ghost rows through; load the model with "
-    "execution_mode='general' (or 'umas_fast_pytorch') for halo runs, or use the graph-partition strategy"
-)
-
-
-def _is_shard(t) -> bool:
-    return isinstance(t, ShardTensor)
 
 
 def _is_aten(t) -> bool:
@@ -75,7 +65,7 @@ def padded_radius_graph(backbone, pos: torch.Tensor, system: torch.Tensor, cell:
 
     from mlipdd_uma.inputs import UMAInputs
 
-    n_owned = pos._ctx.n_owned if _is_aten(pos) else pos.meta.n_owned
+    n_owned = pos._ctx.n_owned
     plain_system = local(system).detach()
     order = torch.argsort(plain_system, stable=True)
     counts = torch.bincount(plain_system, minlength=n_systems)
@@ -101,26 +91,9 @@ def padded_radius_graph(backbone, pos: torch.Tensor, system: torch.Tensor, cell:
 
 def halo_generate_graph(original, self, data_dict):
     """`eSCNMDBackbone._generate_graph` for padded rows (see the module docstring)."""
-    pos = data_dict["pos"]
-    if _is_aten(pos):
+    if _is_aten(data_dict["pos"]):
         return _aten_generate_graph(self, data_dict)
-    if not _is_shard(pos):
-        return original(self, data_dict)
-    from fairchem.core.models.uma.escn_md import add_n_empty_edges
-
-    _check_halo_backbone(self)
-    n_systems = int(data_dict["natoms"].shape[0])
-    edge_index = padded_radius_graph(self, pos, data_dict["batch"], data_dict["cell"], n_systems)
-    # edge vectors from the ShardTensor positions, so autograd reaches ghosts and owners
-    vec = pos[edge_index[0]] - pos[edge_index[1]]
-    graph = {"edge_index": edge_index, "edge_distance": torch.linalg.norm(vec, dim=-1),
-             "edge_distance_vec": vec}
-    if edge_index.shape[1] == 0:  # as fairchem does: one zero-weight self-loop (beyond cutoff)
-        add_n_empty_edges(graph, 1, self.cutoff, fake_atom_idx=0)
-    # each edge has an owned receiver: edge rows, computed on this rank only
-    graph = {key: as_edge_rows(value, pos, dim=1 if key == "edge_index" else 0) for key, value in graph.items()}
-    data_dict["scatter_target"] = graph["edge_index"][1]
-    return graph
+    return original(self, data_dict)
 
 
 def _aten_generate_graph(self, data_dict):
@@ -137,7 +110,7 @@ def _aten_generate_graph(self, data_dict):
     if plain.shape[1] == 0:  # fairchem's fake self-loop would be a row of no rank's edges
         raise AtenRefusal(
             "UMA under the aten dispatch: this rank's atoms have no neighbour within the cutoff; "
-            "Fix: fewer ranks for this system, or dispatch='torch_function'")
+            "Fix: fewer ranks for this system, or strategy='graph_partition'")
     set_edge_count(ctx, plain.shape[1])
     edge_index = AtenShardTensor(plain, Rows(1, EDGES, values="atoms"), ctx, "UMA's halo graph")
     vec = pos[edge_index[0]] - pos[edge_index[1]]  # edge rows, differentiable to owners and ghosts
@@ -161,60 +134,8 @@ def _check_halo_backbone(self) -> None:
         )
 
 
-# ---- message passing ---------------------------------------------------------------------
-def halo_edgewise_chunk(original, self, x_full, x_original_shape, x_edge, edge_index, wigner,
-                        wigner_inv_envelope, scatter_target=None, ac_mole_start_idx=0):
-    """`Edgewise.forward_chunk` with the edge -> node scatter's ghost refresh applied."""
-    if not _is_shard(x_full):
-        return original(self, x_full, x_original_shape, x_edge, edge_index, wigner,
-                        wigner_inv_envelope, scatter_target, ac_mole_start_idx)
-    from fairchem.core.models.uma.escn_md_block import set_mole_ac_start_index
-
-    if getattr(self.backend, "supports_fused_edgewise", False):
-        raise RuntimeError(FUSED_BACKEND_MESSAGE.format(name=type(self.backend).__name__))
-    meta = x_full.meta
-    set_mole_ac_start_index(self, ac_mole_start_idx)
-    message = self.backend.node_to_edge_wigner_permute(x_full, edge_index, wigner)
-    message, gating = self.so2_conv_1(message, x_edge)
-    message = self.act(gating, message)
-    message = self.so2_conv_2(message)
-    # The backend rotates and accumulates in place into a fresh tensor; run it on plain
-    # tensors (receivers are owned, so ghost rows stay zero) and refresh ghosts after.
-    partial = self.backend.permute_wigner_inv_edge_to_node(
-        local(message), local(wigner_inv_envelope), local(scatter_target), x_original_shape
-    )
-    set_mole_ac_start_index(self, 0)
-    if meta.layout.is_halo() and meta.layout.correct_scatters:
-        partial = halo_correct(partial, meta.plan)
-    return ShardTensor.wrap(partial, meta)
-
-
-# ---- per-system sums -------------------------------------------------------------------
-def halo_reduce_node_to_system(original, node_values, batch, num_systems):
-    """`outputs.reduce_node_to_system`, rebinding its scatter (owned rows + all_reduce)."""
-    if not _is_shard(node_values):
-        return original(node_values, batch, num_systems)
-    flat = node_values.reshape(node_values.shape[0], -1).to(torch.float64)
-    sums = torch.zeros((num_systems, flat.shape[1]), dtype=torch.float64, device=flat.device)
-    sums = sums.index_add(0, batch, flat)
-    sums = sums.reshape((num_systems, *node_values.shape[1:]))
-    # fairchem returns (reduced, unreduced); here both are the replicated total, whose
-    # all_reduce adjoint is the identity, so every rank differentiates the same energy
-    return sums, sums
-
-
-def halo_balance_channels(original, emb, target, natoms, batch, start_idx, end_idx,
-                          target_offset=0.0):
-    """`escn_md.balance_channels_batched` with a rebinding per-system sum."""
-    if not _is_shard(emb):
-        return original(emb, target, natoms, batch, start_idx, end_idx, target_offset)
-    channels = emb[:, 0, start_idx:end_idx]
-    sums = torch.zeros((natoms.shape[0], end_idx - start_idx), dtype=emb.dtype, device=emb.device)
-    sums = sums.index_add(0, batch, channels)
-    corrections = (sums - (target - target_offset).unsqueeze(1)) / natoms.unsqueeze(1)
-    out = emb.clone()
-    out[:, 0, start_idx:end_idx] = channels - corrections[batch]
-    return out
+# ---- message passing and per-system sums: fairchem's own code, through the aten rules
+# (the rebinding forms the torch-function dispatch needed went with it)
 
 
 # ---- forces and stress -------------------------------------------------------------------
@@ -228,23 +149,7 @@ def halo_forces_and_stress(original, energy_part, pos, cell, batch, training=Tru
     """
     if _is_aten(pos):
         return _aten_forces_and_stress(energy_part, pos, cell, batch, training)
-    if not _is_shard(pos):
-        return original(energy_part, pos, cell, batch, training)
-    grad_pos, grad_cell = torch.autograd.grad(
-        [energy_part.sum()], [pos, cell], create_graph=training, allow_unused=True
-    )
-    g, x = local(grad_pos), local(pos)
-    if grad_cell is None:  # open-boundary graph: the cell does not enter the energy
-        grad_cell = torch.zeros_like(cell)
-    n_systems = cell.shape[0]
-    per_row = (g.unsqueeze(2) * x.unsqueeze(1)).reshape(-1, 9).to(torch.float64)
-    pos_virial = torch.zeros((n_systems, 9), dtype=torch.float64, device=g.device)
-    pos_virial = pos_virial.index_add(0, local(batch), per_row).reshape(n_systems, 3, 3)
-    cell_virial = cell.mT @ local(grad_cell)
-    virial = (pos_virial + pos_virial.mT + cell_virial + cell_virial.mT) / 2
-    volume = torch.det(cell).abs().reshape(-1, 1, 1)
-    stress = (virial / volume).reshape(-1, 9)
-    return -grad_pos, stress
+    return original(energy_part, pos, cell, batch, training)
 
 
 def _aten_forces_and_stress(energy_part, pos, cell, batch, training):
@@ -258,7 +163,7 @@ def _aten_forces_and_stress(energy_part, pos, cell, batch, training):
     if not (_is_aten(grad_pos) and getattr(grad_pos._place, "kind", None) == SHARES):
         raise AtenRefusal(
             f"UMA's virial under the aten dispatch needs the position gradient as shares by row, got "
-            f"{getattr(grad_pos, '_place', 'a plain tensor')}; Fix: dispatch='torch_function'")
+            f"{getattr(grad_pos, '_place', 'a plain tensor')}; Fix: strategy='graph_partition'")
     g, x = grad_pos._local.detach(), pos._local.detach()
     n_systems = cell.shape[0]
     per_row = (g.unsqueeze(2) * x.unsqueeze(1)).reshape(-1, 9).to(torch.float64)
@@ -286,9 +191,7 @@ def keep_positions(original, self, positions, cell, pbc, system):
     were wrapped by the strategy when it last migrated them)."""
     if _is_aten(positions):
         return positions
-    if not _is_shard(positions):
-        return original(self, positions, cell, pbc, system)
-    return positions
+    return original(self, positions, cell, pbc, system)
 
 
 def _method(module: str, cls: str, method: str, replacement: str):
@@ -316,12 +219,7 @@ def halo_helpers() -> tuple:
     """
     return (
         _method(ESCN_MD, "eSCNMDBackbone", "_generate_graph", "halo_generate_graph"),
-        _method("fairchem.core.models.uma.escn_md_block", "Edgewise", "forward_chunk", "halo_edgewise_chunk"),
         _method("mlipdd_uma.wrapper", "UMAWrapper", "place_in_cell", "keep_positions"),
-        # compute_energy looks the name up in `outputs`; the direct-stress head in `escn_md`
-        _function("fairchem.core.models.uma.outputs", "reduce_node_to_system", "halo_reduce_node_to_system"),
-        _function(ESCN_MD, "reduce_node_to_system", "halo_reduce_node_to_system"),
-        _function(ESCN_MD, "balance_channels_batched", "halo_balance_channels"),
         _function(ESCN_MD, "compute_forces_and_stress", "halo_forces_and_stress"),
         _function(ESCN_MD, "axis_angle_wigner_hybrid", "halo_wigner"),
     )

@@ -1,6 +1,6 @@
-"""The aten-level ShardTensor (issue 21 item 2), beside the torch-function one in `mlipdd.shard`.
+"""The aten-level ShardTensor (issue 21 item 2): the dispatch every strategy runs.
 
-Chosen per run by ``DomainConfig(dispatch="aten")`` or ``MLIPDD_DISPATCH=aten``. A wrapper
+A wrapper
 subclass whose ``__torch_dispatch__`` sees every op once, in its aten spelling, with a
 placement per tensor (NOTE [aten placements]), per-op rules (NOTE [aten precedence]), and
 refusal by default (NOTE [refuse by default]).

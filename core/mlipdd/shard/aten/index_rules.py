@@ -19,7 +19,7 @@
   picked by position): refused.
 
 # NOTE [aten sharded storage]
-Under sharded storage (`mlipdd.strategy.aten_sharded`) a rank stores its owned rows only,
+Under sharded storage (`mlipdd.strategy.sharded`) a rank stores its owned rows only,
 and its edge index addresses ``[owned | request table]``: ``n_owned + k`` is the k-th
 remote atom this rank reads (``HaloContext.reads``, an `ExchangePlan` grouped by owner).
 No ghost row is stored, so every atom-row tensor is complete on its rows (GHOSTED, the

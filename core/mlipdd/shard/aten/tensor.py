@@ -1,5 +1,5 @@
 """The aten-level `ShardTensor`: a wrapper subclass whose ``__torch_dispatch__`` does the
-cross-rank work, one rule per aten op (``MLIPDD_DISPATCH=aten`` / ``DomainConfig(dispatch="aten")``).
+cross-rank work, one rule per aten op.
 
 The wrapper has the LOCAL shape (this rank's rows: a model's ``torch.zeros(n, F)`` is
 this rank's accumulator) and holds the local tensor in ``_local``; ``_place`` is its

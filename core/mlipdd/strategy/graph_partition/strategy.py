@@ -12,9 +12,15 @@ and no halo to pad. Instead:
   partition is published for the forward (`mlipdd.shard.graph_partition`), and the
   model keeps the edges of owned receivers, runs its layers on owned rows and calls
   ``gather_nodes`` before reading sender features (reduce-scatter adjoint);
-* per-system energy comes out replicated (the model's ``sum_over_ranks``), stress
-  partials are all-reduced here, and forces, each rank's gradient with respect to the
-  replicated positions, are summed over ranks and cut to the owned block.
+* the helpers hand the model `mlipdd.shard.aten.ShardTensor`s (NOTE [aten graph partition]
+  in `mlipdd.shard.aten.graph_partition`), so every op on the owned block and on the kept
+  edges goes through the aten rules: exact or refused by name. Consolidation goes by
+  placement: atom rows are the owned block; a replicated value is complete (its gradient
+  rules summed over ranks), and a per-atom one of the full node set is cut to the owned
+  block. One rank hands the plain full batch (NOTE [aten at one rank]): the helpers are
+  the identity there. Compiled (`mlipdd.distributed.compiled_partition`) the helpers run
+  on plain tensors: `consolidate_plain` sums the stress partials and reduce-scatters the
+  full-row gradients.
 
 Atoms never change owner and the cell is an ordinary model input, so there is no
 migration, no rebuild and no cell tracking.
@@ -31,13 +37,19 @@ edge channels, the replicated part dominates.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 
 from mlipdd.comm import agree_on_errors, broadcast_object, compute_on_rank0
 from mlipdd.data import Batch, InputError
-from mlipdd.shard import ExchangePlan, ShardMeta
+from mlipdd.shard.aten import Rows, ShardTensor
+from mlipdd.shard.aten.adapters import AdaptedOps
+from mlipdd.shard.aten.comm import OwnedRowsOnly
+from mlipdd.shard.aten.counted import CountedReductions
+from mlipdd.shard.aten.graph_partition import PartitionContext
+from mlipdd.shard.exchange import ExchangePlan
 from mlipdd.shard.graph_partition import (
     NodePartition,
     PartitionScope,
@@ -45,7 +57,7 @@ from mlipdd.shard.graph_partition import (
     partition_scope,
     reduce_scatter_rows,
 )
-from mlipdd.shard.layouts import GraphPartition
+from mlipdd.spec import OutputKind
 from mlipdd.strategy.base import Strategy
 from mlipdd.strategy.grid import RankGrid
 from mlipdd.strategy.outputs import consolidate_outputs
@@ -70,9 +82,8 @@ class GraphPartitionStrategy(Strategy):
 
     name = "graph_partition"
     preset = "SPEC_MPNN_GP"
-    dispatches = ("aten", "torch_function")  # NOTE [choosing the dispatch]: aten is the default
-    aten_class = "mlipdd.strategy.graph_partition.aten:AtenGraphPartitionStrategy"
     whole_system = True
+    rows_at_one_rank = False  # NOTE [aten at one rank] in mlipdd.strategy.halo.strategy
 
     def __init__(self, group=None):
         self.group = group
@@ -89,8 +100,8 @@ class GraphPartitionStrategy(Strategy):
     def accepts(cls, policy) -> bool:
         return policy.is_graph_partition()
 
-    def layout(self, policy) -> GraphPartition:
-        return GraphPartition(reduce_systems=policy.system_reductions)
+    def use_spec(self, spec) -> None:
+        self._adapted = bool(spec.distribution.custom_ops)
 
     # ---- the strategy protocol ----------------------------------------------------------
     def partition(self, full: Batch | None, device=None) -> Batch:
@@ -126,27 +137,50 @@ class GraphPartitionStrategy(Strategy):
         node["positions"] = gather_rows(batch.positions.detach(), self.state.partition)
         return Batch._from_dicts(node, dict(batch.system))
 
-    def model_batch(self, batch: Batch, spec) -> tuple[Batch, ShardMeta]:
-        """The FULL geometry (gathered positions, current cell) and the partition in a ShardMeta."""
-        state = self.state
-        p = state.partition
+    def model_batch(self, batch: Batch, spec) -> tuple[Batch, PartitionScope]:
+        """The full geometry (gathered positions, current cell), plain; the partition scope."""
+        p = self.state.partition
         full = self.full_geometry(batch)
-        policy = spec.distribution.policy
-        meta = ShardMeta(
-            plan=state.plan,
-            n_systems=state.n_systems,
-            layout=self.layout(policy),
-            group=self.group,
-            notes={"scope": PartitionScope(p)},
-        )
-        return full, meta
+        if self.world_size == 1 and not self.rows_at_one_rank:  # one block: the helpers are the identity
+            return full, PartitionScope(p)
+        ctx = PartitionContext(plan=OwnedRowsOnly(p.n_owned), n_edges=0, group=self.group)
+        return full, PartitionScope(p, ctx)
 
-    def model_scope(self, meta: ShardMeta):
-        """Entered around the model's forward: publishes the partition to the helpers."""
-        return partition_scope(meta.notes["scope"])
+    @contextlib.contextmanager
+    def model_scope(self, scope: PartitionScope):
+        """The partition for the helpers; means over rows (NOTE [aten means]); the spec's
+        OpAdapters (NOTE [aten op adapters])."""
+        with partition_scope(scope), scope.after_graph, contextlib.ExitStack() as adapters:
+            if scope.ctx is not None:
+                adapters.enter_context(CountedReductions())
+            if getattr(self, "_adapted", False) and scope.ctx is not None:
+                adapters.enter_context(AdaptedOps(scope.ctx))
+            yield
 
-    def consolidate(self, outputs: dict, meta: ShardMeta, spec, autograd_outputs) -> dict:
-        return self.consolidate_plain(outputs, meta.notes["scope"], spec, autograd_outputs)
+    def consolidate(self, outputs: dict, scope: PartitionScope, spec, autograd_outputs) -> dict:
+        """By placement (module docstring)."""
+        agree_on_errors(None if scope.used else _unaware_model_error(), self.group)
+        p = scope.partition
+        result = {}
+        for name, value in outputs.items():
+            if not torch.is_tensor(value):
+                result[name] = value
+                continue
+            place = value._place if isinstance(value, ShardTensor) else None
+            local = (value._local if place is not None else value).detach()
+            if isinstance(place, Rows) and place.is_atoms() and place.dim == 0:
+                result[name] = local  # the owned block itself (no ghost rows)
+            elif place is None or place.is_replicate():
+                kind = spec.output_kinds.get(name, OutputKind.UNKNOWN)
+                per_system = kind.is_per_graph() or kind.is_global()
+                whole = not per_system and local.dim() > 0 and local.shape[0] == p.n_nodes
+                result[name] = local[p.owned_slice] if whole else local
+            else:
+                raise RuntimeError(
+                    f"the model's output {name!r} holds {place} (from `{value._origin}`); an output is per atom "
+                    "(rows of the owned block, or of the full node set) or one value per system: return atom "
+                    "rows or a sum over them")
+        return result
 
     def consolidate_plain(self, outputs: dict, scope: PartitionScope, spec, autograd_outputs) -> dict:
         """Of plain outputs (the helpers' plain forms ran: no aten rows): stress partials

@@ -3,8 +3,8 @@
 * storage policy: `mlipdd.spec.HaloStoragePolicy` (what a model's spec asks for);
 * planner (`planner.py`): ownership by cut planes, migration, the halo plan, the
   local neighbour list over ``[owned | ghost]``;
-* strategy (`strategy.py`): the model batch, its layout (`Halo`; the dispatch rules for
-  it are `mlipdd.shard.handlers`), consolidation and reporting (`Strategy.report`).
+* strategy (`strategy.py`): the model batch (aten ShardTensor rows, `mlipdd.shard.aten`),
+  consolidation by placement and reporting (`Strategy.report`).
 """
 
 from mlipdd.strategy.halo.planner import (

@@ -1,28 +1,43 @@
 """`HaloStrategy`: the model sees ``[owned | ghost]`` rows of the halo planner's plan.
 
 Per forward the ghost rows of positions (and of any extra per-atom float input) are
-refreshed from their owners (one all-to-all) and wrapped as ShardTensors of the `Halo`
-layout; consolidation sends the ghost partials of gradients home and keeps owned rows.
-`SpatialStrategy` is the shared base of strategies built on spatial ownership.
+refreshed from their owners (one all-to-all) and handed to the model as
+`mlipdd.shard.aten.ShardTensor`s with a placement each (positions and per-atom inputs
+GHOSTED, ``batch`` GHOSTED with system values, the edge index edge rows whose values are
+atom rows); consolidation goes by placement: atom rows -> the owners' rows (shares summed
+first), replicated values as they are. One rank hands the plain owned rows (NOTE [aten at
+one rank]). `SpatialStrategy` is the shared base of strategies built on spatial ownership
+(halo and sharded storage: the same scope and consolidation).
+
+# NOTE [ghosts as copies]
+The dispatch takes a ghost row of ANY tensor for a copy of its owner's row (NOTE [aten
+placements]), so the positions' ghost rows hold their owners' own positions, and each ghost's
+image shift moves onto its edges: an edge read as ``pos[r] + u @ cell - pos[s]`` with a ghost
+sender ``s`` at ``owner + n[s] @ cell`` keeps its vector with ``u' = u + n[r] - n[s]``
+(`_copies_list`, once per rebuild). A per-atom value of the raw positions (``sin(pos)[sender]``,
+``pos * q``) then is the owner's, as in one process. A model that builds its own graph from the
+positions (NOTE [own graph]) has no edges to carry the shift: its ghosts stay images.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 
 from mlipdd.data import NODE_FIELDS, Batch
-from mlipdd.shard import ShardMeta, ShardTensor, halo_accumulate
+from mlipdd.neighbors import NeighborList
+from mlipdd.shard.aten import EDGES, GHOSTED, HaloContext, Rows, ShardTensor, from_local, owned_rows
+from mlipdd.shard.aten.adapters import AdaptedOps
+from mlipdd.shard.aten.counted import CountedReductions
+from mlipdd.shard.aten.factories import factory_rows
+from mlipdd.shard.aten.placement import Replicate
 from mlipdd.shard.exchange import pad
-from mlipdd.shard.layouts import Halo
-from mlipdd.shard.placement import ATOMS, SYSTEM_INDEX, placement_of
-from mlipdd.shard.scripted import script_functions_dispatched
-from mlipdd.shard.tensor import neighbors_as_edge_rows
+from mlipdd.strategy.aten_skin import edges_in_cutoff
 from mlipdd.strategy.base import Strategy
 from mlipdd.strategy.grid import RankGrid
 from mlipdd.strategy.halo.planner import HaloPlanner
-from mlipdd.strategy.outputs import consolidate_outputs
 
 
 class SpatialStrategy(Strategy):
@@ -62,106 +77,131 @@ class SpatialStrategy(Strategy):
     def rebuild_due(self, batch: Batch) -> bool:
         return self.halo.needs_rebuild(batch, self.state)
 
+    # NOTE [aten at one rank]: one rank hands the model its plain owned rows (nothing crosses
+    # ranks, every rule would be the identity); True: ShardTensor rows there too (what the
+    # dispatch cost benchmark and a few tests measure)
+    rows_at_one_rank = False
+
+    def _plain(self) -> bool:
+        return self.world_size == 1 and not self.rows_at_one_rank
+
+    def use_spec(self, spec) -> None:
+        self._adapted = bool(spec.distribution.custom_ops)  # NOTE [aten op adapters]
+
+    @contextlib.contextmanager
+    def model_scope(self, meta):
+        """Factories make ShardTensors (NOTE [aten factories]), means over rows count every
+        rank's (NOTE [aten means]), the spec's OpAdapters act on custom ops (NOTE [aten op
+        adapters]); balance="time" times the call."""
+        with contextlib.ExitStack() as scope:
+            if meta is not None:
+                scope.enter_context(factory_rows(meta))
+                scope.enter_context(CountedReductions())
+                if getattr(self, "_adapted", False):
+                    scope.enter_context(AdaptedOps(meta))
+            scope.enter_context(self.halo.balance.timing())
+            yield
+
+    def consolidate(self, outputs: dict, meta: HaloContext | None, spec, autograd_outputs) -> dict:
+        """By placement: atom rows -> this rank's owned rows, replicated values as they are."""
+        result = {}
+        for name, value in outputs.items():
+            if not isinstance(value, ShardTensor):
+                result[name] = value.detach() if torch.is_tensor(value) else value
+                continue
+            place = value._place
+            if isinstance(place, Rows) and place.is_atoms() and place.dim == 0:
+                result[name] = owned_rows(value).detach()
+            elif isinstance(place, Replicate):
+                result[name] = value._local.detach()
+            else:
+                raise RuntimeError(
+                    f"the model's output {name!r} holds {place} (from `{value._origin}`); an output is per atom "
+                    "(rows along dim 0) or one value per system: return atom rows or a sum over them"
+                )
+        return result
+
+    def plain_rows(self, batch: Batch) -> tuple[Batch, None]:
+        """NOTE [aten at one rank]: the owned rows themselves, no context."""
+        node = {"positions": batch.positions.detach().requires_grad_(True), "atomic_numbers": batch.atomic_numbers,
+                "batch": batch.batch, "atom_ids": batch.atom_ids, **model_inputs(batch)}
+        plain = Batch._from_dicts(node, dict(batch.system))
+        plain.neighbors, plain.n_owned = self.state.neighbors, batch.num_atoms
+        return plain, None
+
+
+def _copies_list(state) -> NeighborList:
+    """NOTE [ghosts as copies]: the local list with each ghost's image shift on its edges."""
+    if state.copies is None:
+        neighbors = state.neighbors
+        n_owned, shift = state.plan.n_owned, state.ghost_unit_shift.to(neighbors.unit_shifts.dtype)
+        row_shift = torch.cat([shift.new_zeros((n_owned, 3)), shift])
+        sender, receiver = neighbors.edge_index
+        unit_shifts = neighbors.unit_shifts + row_shift[receiver] - row_shift[sender]
+        state.copies = dataclasses.replace(neighbors, unit_shifts=unit_shifts)
+    return state.copies
+
+
+def rows_batch(node: dict, batch: Batch, neighbors, ctx: HaloContext) -> Batch:
+    """The model's batch: ``node``'s row tensors, ``batch``'s system fields and ``neighbors``
+    with its edge index and shifts as edge rows (halo and sharded storage hand the model this)."""
+    rows = Batch._from_dicts(node, dict(batch.system))
+    rows.neighbors = dataclasses.replace(
+        neighbors,
+        edge_index=ShardTensor(neighbors.edge_index, Rows(1, EDGES, values="atoms"), ctx, "edge_index"),
+        unit_shifts=ShardTensor(neighbors.unit_shifts, Rows(0, EDGES), ctx, "unit_shifts"),
+    )
+    rows.n_owned = batch.num_atoms
+    rows.neighbors.edge_index._meta = ctx  # NOTE [skin edges at one rank]: a list the strategy tracks
+    return rows
+
 
 class HaloStrategy(SpatialStrategy):
     """``"halo"``: the model sees ``[owned | ghost]`` rows (module docstring)."""
 
     name = "halo"
     preset = "SPEC_MPNN_HALO"
-    # aten first: the default since issue 21's flip (NOTE [choosing the dispatch]; the same
-    # order in sharded and graph partition)
-    dispatches = ("aten", "torch_function")
-    aten_class = "mlipdd.strategy.aten_halo:AtenHaloStrategy"
 
     @classmethod
     def accepts(cls, policy) -> bool:
         return policy.is_halo() or policy.is_local()
 
-    def layout(self, policy) -> Halo:
-        """Ghost partials of scatters go home unless the policy keeps scatters local (a
-        `LocalPolicy` keeps everything on the rank)."""
-        return Halo(correct_scatters=not policy.is_local() and policy.scatter == "halo_correction",
-                    reduce_systems=policy.system_reductions)
-
     def prepare(self, batch: Batch, rebuild: bool) -> None:
         self.state = self.halo.prepare(batch, rebuild) or self.state
 
     def use_spec(self, spec) -> None:
+        super().use_spec(spec)
         policy = spec.distribution.policy
         self.halo.ghosts_on_uncut_axes = policy.is_halo() and policy.builds_own_graph
 
-    @contextlib.contextmanager
-    def model_scope(self, meta: ShardMeta):
-        """Script functions called on rows run under the dispatch (NOTE [scripted functions]
-        in mlipdd.shard.scripted); balance="time" times the call."""
-        with script_functions_dispatched(), self.halo.balance.timing():
-            yield
-
-    def model_batch(self, batch: Batch, spec) -> tuple[Batch, ShardMeta]:
-        """The batch the model sees: ``[owned | ghost]`` rows, positions as a ShardTensor."""
+    def model_batch(self, batch: Batch, spec) -> tuple[Batch, HaloContext | None]:
         state = self.state
-        policy = spec.distribution.policy
-        meta = ShardMeta(
-            plan=state.plan,
-            n_systems=batch.num_systems,
-            n_edges=state.neighbors.num_edges,
-            layout=self.layout(policy),
-            group=self.group,
-        )
+        if self._plain():
+            return self.plain_rows(batch)
         positions = batch.positions.detach().requires_grad_(True)
-        if state.plan.world_size == 1:
-            # NOTE [one rank]: nothing crosses ranks, every handler would be the identity, so
-            # the model gets the owned rows themselves, plain tensors, the same objects on
-            # every call (a wrapper may cache what it derives from them), and pays no
-            # dispatch cost at all.
-            node = {"positions": positions, "atomic_numbers": batch.atomic_numbers, "batch": batch.batch,
-                    "atom_ids": batch.atom_ids}
-            node.update(model_inputs(batch))
-            padded = Batch._from_dicts(node, dict(batch.system))
-            padded.neighbors = state.neighbors
-            padded.n_owned = batch.num_atoms
-            return padded, meta
-        padded_positions = self.halo.padded_positions(positions, batch.cell, state)
-        def wrap(t):
-            return ShardTensor.wrap(t, meta, ATOMS)
+        if self.halo.ghosts_on_uncut_axes:  # NOTE [ghosts as copies]: no edges to carry the shifts
+            padded_positions, neighbors = self.halo.padded_positions(positions, batch.cell, state), state.neighbors
+        else:
+            padded_positions, neighbors = pad(positions, state.plan), _copies_list(state)
+        if self.halo.skin > 0:  # NOTE [skin edges under aten]
+            neighbors = edges_in_cutoff(neighbors, padded_positions, batch.cell, batch.batch, self.halo.cutoff)
+        ctx = HaloContext(plan=state.plan, n_edges=neighbors.num_edges, group=self.group,
+                          atom_ids=batch.atom_ids)
+
+        def atoms(t, name, values=None):
+            return from_local(t, Rows(0, GHOSTED, values=values), ctx, name)
 
         node = {
-            "positions": wrap(padded_positions),
-            "atomic_numbers": wrap(torch.cat([batch.atomic_numbers, state.ghost_numbers])),
-            "batch": ShardTensor.wrap(torch.cat([batch.batch, state.ghost_system]), meta, SYSTEM_INDEX),
+            "positions": atoms(padded_positions, "positions"),
+            "atomic_numbers": atoms(torch.cat([batch.atomic_numbers, state.ghost_numbers]), "atomic_numbers"),
+            "batch": atoms(torch.cat([batch.batch, state.ghost_system]), "batch", values="systems"),
             "atom_ids": torch.cat([batch.atom_ids, state.ghost_ids]),
         }
-        node.update({name: wrap(pad(value, state.plan)) for name, value in model_inputs(batch).items()})
-        padded = Batch._from_dicts(node, dict(batch.system))
-        padded.neighbors = neighbors_as_edge_rows(state.neighbors, meta)
-        padded.n_owned = batch.num_atoms  # for diagnostics; models must not need it
-        return padded, meta
-
-    def consolidate(self, outputs: dict, meta: ShardMeta, spec, autograd_outputs) -> dict:
-        """Per output: partial sums all-reduced, per-atom rows back to owned rows."""
-
-        checked = meta.layout.is_checked()  # placements are kept (NOTE [refuse by default])
-        places = {name: placement_of(value) if checked and getattr(value, "_meta", None) is not None else None
-                  for name, value in outputs.items()}
-
-        def per_atom(name, value):
-            if value.dim() == 0 or value.shape[0] != meta.n_padded:
-                return value  # per system: replicated already
-            if name not in spec.owned_only_outputs and _ghosts_hold_partials(name, places[name], autograd_outputs):
-                value = halo_accumulate(value, meta.plan)
-            return value[: meta.n_owned]
-
-        return consolidate_outputs(outputs, spec, self.group, per_atom)
+        node.update({name: atoms(pad(value, state.plan), name) for name, value in model_inputs(batch).items()})
+        return rows_batch(node, batch, neighbors, ctx), ctx
 
 
-def _ghosts_hold_partials(name: str, place, autograd_outputs) -> bool:
-    """A gradient by atom rows holds each copy's share on its ghost rows, to be summed into
-    the owners; a value (or forces the model summed itself with a scatter) holds the
-    owners' values there (NOTE [partial rows]). The placement says which; an output
-    without one (an unchecked layout) goes by the model's list of autograd outputs."""
-    if place is not None and place.kind == "atoms" and place.leads():
-        return place.partial
-    return name in autograd_outputs
+
 
 
 def model_inputs(batch: Batch) -> dict[str, torch.Tensor]:

@@ -15,13 +15,13 @@ halo storage) is rewritten so that it no longer needs ghost rows:
   request table, one per remote atom read, grouped by owner (`ExchangePlan`);
 * the owners learn which of their rows to send (one ``all_to_all`` of ids).
 
-The model then gets a batch of owned rows (ShardTensors with a `ShardMeta`), whose
-reads of remote rows are routed to the owners by the dispatch
-(`mlipdd.shard.sharded_handlers`). Per-atom outputs are already owned rows.
+The model then gets a batch of owned rows (aten ShardTensors whose context carries the
+request table), whose reads of remote rows are routed to the owners by the dispatch
+(NOTE [aten sharded storage] in `mlipdd.shard.aten.index_rules`). Per-atom outputs are
+already owned rows.
 
 Storage policy `mlipdd.spec.ShardedStoragePolicy` (a halo policy runs here too); the
-strategy, its `Sharded` layout (dispatch rules: `mlipdd.shard.sharded_handlers`),
-consolidation and reporting (``stored_rows`` in `Strategy.report`) in `strategy.py`;
+strategy, its rows, consolidation and reporting (``stored_rows`` in `Strategy.report`) in `strategy.py`;
 the rewrite of the halo plan in `rewrite.py`.
 """
 

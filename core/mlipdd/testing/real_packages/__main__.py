@@ -26,8 +26,7 @@ INTRO = """# Real packages' models under domain decomposition
 `mlipdd.testing.real_packages` builds models of real MLIP packages from their own
 configuration with random weights, the way each package's users build them, and wraps
 each as an ordinary mlipdd model (`ModelWrapper`; no shaping to the framework). Each
-case is one model, one storage (`halo`, `sharded`), one dispatch (`function`: the
-torch-function ShardTensor, `DomainConfig(dispatch="torch_function")`; `aten`: the aten one, the default), one
+case is one model, one storage (`halo`, `sharded`), the dispatch (`aten`), one
 system (the idiom zoo's: `triclinic` 64 atoms, `own_images` 27 atoms where a rank sees
 its own images, `slab` cut along its vacuum) and one rank count, float64, spawned gloo
 ranks against one process. **exact**: energy, forces and stress within {tolerance:g}

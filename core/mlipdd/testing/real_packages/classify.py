@@ -5,9 +5,8 @@ The idiom zoo's machinery (`mlipdd.testing.idiom_zoo.classifier`): its systems
 vacuum), its tolerance (1e-10 relative on energy, forces and stress, float64), one
 spawned group per world size for all cases (a refused case costs a fresh group, not
 new processes), the references computed once per (model, system) in this process.
-A case is a model, a storage (halo / sharded, the zoo's presets), a dispatch (the
-torch-function one, ``DomainConfig(dispatch="torch_function")``, or the aten one, the
-default) and a system.
+A case is a model, a storage (halo / sharded, the zoo's presets), the dispatch (the aten
+one: the column stays so that older tables read alike) and a system.
 
 `validation` runs `trace_and_validate` on each model with its DEFAULT sample, under
 halo and sharded storage: a model silently wrong in some case must fail there too.
@@ -31,7 +30,7 @@ from mlipdd.testing.idiom_zoo.classifier import (
 from mlipdd.testing.idiom_zoo.launch import run_cases
 
 # each named explicitly: the table says which dispatch ran, whichever is the default
-DISPATCHES = {"function": "torch_function", "aten": "aten"}
+DISPATCHES = {"aten": "aten"}
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,6 @@ def _run_case(rank, world_size, case):
     _acknowledge_a_simultaneous_failure()
     model, strategy, dispatch, system = case
     options = _options(strategy, system, world_size)
-    options["dispatch"] = DISPATCHES[dispatch]
     out = distributed_outputs(rank, world_size, REAL_MODELS[model].factory, SYSTEMS[system](), options, True,
                               STRATEGIES[strategy])
     return {k: out[k] for k in ("atom_ids", "energy", "forces", "stress")}

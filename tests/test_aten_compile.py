@@ -29,7 +29,7 @@ def pair_energy(positions, edge_index, shifts):
 
 def model_rows():
     model = LennardJones(epsilon=0.0104, sigma=3.4, cutoff=7.0)
-    dm = DistributedModel(model, DomainConfig(cutoff=7.0, skin=0.0, dispatch="aten", strategy="halo"))
+    dm = DistributedModel(model, DomainConfig(cutoff=7.0, skin=0.0, strategy="halo"))
     dm.strategy.rows_at_one_rank = True  # NOTE [aten at one rank]: plain tensors otherwise
     owned = dm.partition(triclinic(reps=3))
     dm.prepare(owned)

@@ -1,9 +1,8 @@
-"""The aten-level dispatch (``DomainConfig(dispatch="aten")``): one process vs spawned ranks.
+"""The aten-level dispatch: one process vs spawned ranks.
 
 LJ (the reference model) under halo storage at 1-4 gloo ranks, float64: a triclinic
 cell, a cell so small that a rank sees its own images, a slab cut along its vacuum and
-a batch of two systems; energy, forces and stress to 1e-10 relative; how a run's dispatch is
-chosen; an op without a rule is refused by name, and so are an order of atom row numbers and a
+a batch of two systems; energy, forces and stress to 1e-10 relative; an op without a rule is refused by name, and so are an order of atom row numbers and a
 re-declaration of rows (NOTE [declared rows]).
 """
 
@@ -11,24 +10,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mlipdd.data import InputError
 from mlipdd.distributed import DistributedModel, DomainConfig
 from mlipdd.models.lj import LennardJones
-from mlipdd.models.pipeline import PipelineModelWrapper
 from mlipdd.shard import as_atom_rows
 from mlipdd.shard.aten import AtenRefusal, ShardTensor, declare_row_local
 from mlipdd.shard.aten.row_local import USER_ROW_LOCAL
 from mlipdd.shard.aten.rules import default_fix
-from mlipdd.strategy import GraphPartitionStrategy, HaloStrategy, ShardedStrategy
-from mlipdd.strategy.aten_halo import AtenHaloStrategy
-from mlipdd.strategy.aten_sharded import AtenShardedStrategy
-from mlipdd.strategy.dispatch import dispatch_for, strategy_for_dispatch
-from mlipdd.strategy.graph_partition.aten import AtenGraphPartitionStrategy
 from mlipdd.testing.conformance import check_conformance_cases
 from mlipdd.testing.systems import slab, small_cell, triclinic, two_systems
 from mlipdd.testing.toy_models import ToyMPNN
 
-ATEN = {"dispatch": "aten", "strategy": "halo"}
+ATEN = {"strategy": "halo"}
 
 
 def lj():
@@ -52,78 +44,6 @@ def test_lj_exact_under_aten_dispatch(world_size):
         assert result.rel_diff["energy"] < 1e-10, (name, result.rel_diff)
         assert result.rel_diff["forces"] < 1e-10, (name, result.rel_diff)
         assert result.rel_diff["stress"] < 1e-10, (name, result.rel_diff)
-
-
-def test_dispatch_chosen_by_config_env_model_and_strategy(monkeypatch):
-    # NOTE [choosing the dispatch]: the config, then the env, then the model, then the strategy
-    monkeypatch.delenv("MLIPDD_DISPATCH", raising=False)
-    plain, aten = DomainConfig(cutoff=3.0), DomainConfig(cutoff=3.0, dispatch="aten")
-    assert strategy_for_dispatch(HaloStrategy, plain) is AtenHaloStrategy  # the strategies' default
-    assert strategy_for_dispatch(HaloStrategy, aten) is AtenHaloStrategy
-    assert strategy_for_dispatch(ShardedStrategy, plain) is AtenShardedStrategy
-    assert issubclass(strategy_for_dispatch(GraphPartitionStrategy, plain), AtenGraphPartitionStrategy)
-    old = DomainConfig(cutoff=3.0, dispatch="torch_function")
-    assert strategy_for_dispatch(HaloStrategy, old) is HaloStrategy
-    assert strategy_for_dispatch(GraphPartitionStrategy, old) is GraphPartitionStrategy
-    with pytest.raises(InputError, match="slab_halo.*not 'aten'"):  # a strategy with one dispatch: never the other
-        strategy_for_dispatch(_OldOnly, aten)
-    old_model = ToyMPNN()
-    old_model.needs_dispatch = "torch_function"
-    assert strategy_for_dispatch(HaloStrategy, plain, old_model) is HaloStrategy  # the model's declaration
-    assert strategy_for_dispatch(HaloStrategy, plain, PipelineModelWrapper([lj(), old_model])) is HaloStrategy
-    assert strategy_for_dispatch(HaloStrategy, plain, PipelineModelWrapper([lj(), ToyMPNN()])) is AtenHaloStrategy
-    compiled = DomainConfig(cutoff=3.0, compile=True)
-    assert strategy_for_dispatch(HaloStrategy, compiled, world_size=1) is AtenHaloStrategy  # the plain model
-    # several ranks: the compiled region reads plain rows, its eager checks run the default too
-    assert strategy_for_dispatch(HaloStrategy, compiled, world_size=2) is AtenHaloStrategy
-    assert strategy_for_dispatch(ShardedStrategy, compiled, world_size=2) is AtenShardedStrategy
-    old_compiled = DomainConfig(cutoff=3.0, compile=True, dispatch="torch_function")
-    assert strategy_for_dispatch(HaloStrategy, old_compiled, world_size=2) is HaloStrategy  # when asked for
-    monkeypatch.setenv("MLIPDD_DISPATCH", "aten")  # the env wins over the model's declaration
-    assert strategy_for_dispatch(HaloStrategy, plain, old_model) is AtenHaloStrategy
-    monkeypatch.setenv("MLIPDD_DISPATCH", "")  # set but empty: unset, as in a shell
-    assert strategy_for_dispatch(HaloStrategy, plain) is AtenHaloStrategy
-    monkeypatch.setenv("MLIPDD_DISPATCH", "torch_function")
-    assert strategy_for_dispatch(HaloStrategy, plain) is HaloStrategy
-    with pytest.raises(InputError, match="not one of"):
-        strategy_for_dispatch(HaloStrategy, DomainConfig(cutoff=3.0, dispatch="python"))
-
-
-def _dispatch_on_rank(rank, world_size):
-    return dispatch_for(DomainConfig(cutoff=3.0), HaloStrategy, ToyMPNN())
-
-
-@pytest.mark.old_dispatch("the marker itself: it must reach spawned ranks")
-def test_the_old_dispatch_marker_reaches_spawned_ranks():
-    # the forkserver started before this test set the variable (an earlier test's ranks, or
-    # this one's): the ranks get the launcher's value, not the server's
-    from mlipdd.testing.spawn import run_ranks
-
-    assert dispatch_for(DomainConfig(cutoff=3.0), HaloStrategy, ToyMPNN()) == "torch_function"
-    assert run_ranks(_dispatch_on_rank, 2) == ["torch_function", "torch_function"]
-
-
-def test_an_unmarked_test_runs_aten_on_its_ranks(monkeypatch):
-    from mlipdd.testing.spawn import run_ranks
-
-    monkeypatch.delenv("MLIPDD_DISPATCH", raising=False)
-    assert run_ranks(_dispatch_on_rank, 2) == ["aten", "aten"]
-
-
-class _OldOnly(HaloStrategy):
-    name = "slab_halo"
-    dispatches = ("torch_function",)
-
-
-class _SlabPlanner(HaloStrategy):
-    """A third party's halo subclass (its own from_config, say)."""
-
-
-def test_a_halo_subclass_gets_an_aten_form_of_its_own(monkeypatch):
-    monkeypatch.delenv("MLIPDD_DISPATCH", raising=False)
-    cls = strategy_for_dispatch(_SlabPlanner, DomainConfig(cutoff=3.0, dispatch="aten"))
-    assert issubclass(cls, AtenHaloStrategy) and issubclass(cls, _SlabPlanner)
-    assert strategy_for_dispatch(_SlabPlanner, DomainConfig(cutoff=3.0, dispatch="aten")) is cls  # made once
 
 
 def checked_at_one_rank(dm):

@@ -1,4 +1,4 @@
-"""Graph partition under the aten dispatch (``DomainConfig(strategy="graph_partition", dispatch="aten")``).
+"""Graph partition under the aten dispatch (``DomainConfig(strategy="graph_partition")``).
 
 Models that build their own graph (`GraphBuildingMPNN`) equal one process at 2-4 gloo
 ranks, float64: a triclinic cell, a cell where a rank sees its own images, a slab, a
@@ -17,15 +17,13 @@ from mlipdd.shard import graph_partition as gp
 from mlipdd.shard.aten import AtenRefusal
 from mlipdd.shard.aten.comm import OwnedRowsOnly
 from mlipdd.shard.aten.graph_partition import PartitionContext
-from mlipdd.strategy.dispatch import strategy_for_dispatch
 from mlipdd.strategy.graph_partition import GraphPartitionStrategy
-from mlipdd.strategy.graph_partition.aten import AtenGraphPartitionStrategy
 from mlipdd.testing import RankFailure, run_ranks
 from mlipdd.testing.conformance import check_conformance_cases
 from mlipdd.testing.graph_building_model import GraphBuildingMPNN
 from mlipdd.testing.systems import slab, small_cell, triclinic, two_systems
 
-ATEN_GP = {"strategy": "graph_partition", "dispatch": "aten"}
+ATEN_GP = {"strategy": "graph_partition"}
 
 
 def graph_model():
@@ -79,10 +77,9 @@ def test_graph_partition_exact_under_aten(world_size):
 
 def test_the_switch_picks_the_aten_graph_partition_and_one_rank_is_the_plain_model():
     config = DomainConfig(cutoff=4.5, **ATEN_GP)
-    assert strategy_for_dispatch(GraphPartitionStrategy, config) is AtenGraphPartitionStrategy
     model, batch = graph_model(), triclinic(species=(18, 8), reps=3)
     dm = DistributedModel(model, config)
-    assert isinstance(dm.strategy, AtenGraphPartitionStrategy)
+    assert isinstance(dm.strategy, GraphPartitionStrategy)
     out = dm(dm.partition(batch.clone()), compute_stress=True)
     reference = model(batch, compute_stress=True)
     for name in ("energy", "forces", "stress"):

@@ -28,7 +28,7 @@ EXPECTED = {
 
 def _run_case(rank, world_size, case):
     model, system = case
-    options = {"strategy": "halo", "skin": 0.0, "dispatch": "aten"}
+    options = {"strategy": "halo", "skin": 0.0}
     out = distributed_outputs(rank, world_size, ZOO[model], SYSTEMS[system](), options, True, SPEC_MPNN_HALO)
     return {k: out[k] for k in ("atom_ids", "energy", "forces", "stress")}
 

@@ -30,6 +30,6 @@ def systems():
 
 @pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
 def test_mace_exact_under_aten_dispatch(world_size):
-    cases = [(small_mace, batch, {"dispatch": "aten", "strategy": "halo", "skin": 0.0}) for batch in systems()]
+    cases = [(small_mace, batch, {"strategy": "halo", "skin": 0.0}) for batch in systems()]
     for result, _ in check_conformance_cases(cases, world_size):
         result.assert_close(energy=1e-10, forces=1e-10, stress=1e-10)

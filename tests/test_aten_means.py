@@ -36,7 +36,7 @@ class ChainedProducts(WholeSystemMPNN):
 
 @pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
 def test_whole_system_reductions_exact_under_aten(world_size):
-    cases = [(model, batch, {"dispatch": "aten", "strategy": strategy})
+    cases = [(model, batch, {"strategy": strategy})
              for model in (WholeSystemMPNN, ChainedProducts)
              for strategy in ("halo", "sharded")
              for batch in (triclinic(species=(1, 8), spacing=3.0, reps=4),

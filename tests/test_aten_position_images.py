@@ -53,7 +53,7 @@ def _outcomes(strategy: str, world_size: int) -> dict:
     cases, names = [], []
     for term in TERMS:
         for name, batch in systems.items():
-            cases.append((functools.partial(LJWithPositionValues, term), batch, {"dispatch": "aten", "strategy": strategy}))
+            cases.append((functools.partial(LJWithPositionValues, term), batch, {"strategy": strategy}))
             names.append(f"{term}/{name}")
     bad = cases_off(cases, names, world_size)
     return bad

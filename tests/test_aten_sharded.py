@@ -1,4 +1,4 @@
-"""The aten-level dispatch under SHARDED storage (``DomainConfig(strategy="sharded", dispatch="aten")``).
+"""The aten-level dispatch under SHARDED storage (``DomainConfig(strategy="sharded")``).
 
 Each rank stores its owned rows only; the edge index addresses ``[owned | request
 table]``, a read by it fetches remote rows from their owners and a scatter by it
@@ -24,7 +24,7 @@ from mlipdd.testing.idiom_zoo.classifier import selection_outcomes
 from mlipdd.testing.systems import slab, small_cell, triclinic, two_systems
 from mlipdd.testing.toy_models import ToyMPNN
 
-SHARDED = {"dispatch": "aten", "strategy": "sharded"}
+SHARDED = {"strategy": "sharded"}
 TOLERANCE = 1e-10
 
 

@@ -28,7 +28,7 @@ def test_edge_counting_models_equal_one_process_at_a_skin(world_size):
     for model, factory in MODELS.items():
         for strategy in ("halo", "sharded"):
             for skin in (None, 1.0):  # None: DomainConfig's default (0.5)
-                options = {"dispatch": "aten", "strategy": strategy, **({} if skin is None else {"skin": skin})}
+                options = {"strategy": strategy, **({} if skin is None else {"skin": skin})}
                 for name, batch in systems.items():
                     cases.append((factory, batch, options))
                     names.append(f"{model}/{strategy}/skin {skin or 'default'}/{name}")

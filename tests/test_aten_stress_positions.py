@@ -64,7 +64,7 @@ def test_stress_of_raw_position_terms_equals_one_process(world_size):
         factory = functools.partial(LJWithRawTerm, term)
         for strategy in ("halo", "sharded"):
             for name, batch in systems.items():
-                cases.append((factory, batch, {"dispatch": "aten", "strategy": strategy}))
+                cases.append((factory, batch, {"strategy": strategy}))
                 names.append(f"{term}/{strategy}/{name}")
     bad = {}
     for (result, _), name in zip(check_conformance_cases(cases, world_size), names):

@@ -3,8 +3,7 @@
 * the Warp example (examples/05_byo_warp_kernel.py): one ScatterOutputs adapter makes it
   exact; without it the answer is wrong and trace_and_validate names the op and the fix;
 * every transform on tiny pure-torch custom ops (values and forces vs one process);
-* the call paths (overload, packet, decorated function, keywords) and the error messages,
-  in process on a one-rank halo whose ghosts are the rank's own periodic images.
+* the aten dispatch's refusal of a full gather beside this rank's rows.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import pytest
 import torch
 from mlipdd.data import Batch
 from mlipdd.models import ModelConfig, ModelWrapper, NeighborConfig
-from mlipdd.shard import FIRED, ExchangePlan, NoRuleError, ShardMeta, ShardTensor
+from mlipdd.shard import ExchangePlan
 from mlipdd.shard.custom_ops import activated
 from mlipdd.spec import SPEC_MPNN_HALO, DistributionSpec, HaloStoragePolicy, MLIPSpec, OpAdapter
 from mlipdd.spec.transforms import (
@@ -277,21 +276,12 @@ def test_transform_equals_one_process(factory, world_size):
     assert_exact(compare_with_one_process(factory, world_size))
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES[1:])
-@pytest.mark.parametrize("factory", [slice_gather_scatter, full],
-                         ids=["SliceOwned+GatherInputs+ScatterOutputs", "GatherInputsFull+SliceOutputsOwned"])
-def test_transform_equals_one_process_under_aten(factory, world_size):
-    # SliceOwned's output has the owned rows only (OWNED rows of the aten tensor); the full
-    # gather runs the op on every atom at every rank (NOTE [aten full rows])
-    assert_exact(compare_with_one_process(factory, world_size, config={"dispatch": "aten"}))
-
-
 def test_full_gather_beside_this_ranks_rows_is_refused_under_aten():
     from mlipdd.shard.aten import GHOSTED, AtenRefusal, HaloContext, Rows
     from mlipdd.shard.aten import ShardTensor as AtenShardTensor
     from mlipdd.shard.aten.adapters import AdaptedOps
 
-    ctx = HaloContext(plan=_one_rank_meta(3, [0]).plan, n_edges=0)
+    ctx = HaloContext(plan=ExchangePlan(torch.tensor([0]), (1,), (1,), 3), n_edges=0)  # one ghost: atom 0's image
     values = AtenShardTensor(torch.ones(4, dtype=torch.float64), Rows(0, GHOSTED), ctx, "values")
     segment = AtenShardTensor(torch.zeros(4, dtype=torch.long), Rows(0, GHOSTED, values="systems"), ctx, "batch")
     adapter = OpAdapter(op="mlipdd_test::system_mix", arg_transforms={0: GatherInputsFull()},
@@ -304,74 +294,3 @@ def test_full_gather_beside_this_ranks_rows_is_refused_under_aten():
 def test_full_gather_without_adapters_is_refused_with_the_fix():
     with pytest.raises(RankFailure, match=r"(?s)mlipdd_test.system_mix.*OpAdapter"):
         compare_with_one_process(full_without_adapters, 2)
-
-
-# ---- in process: call paths and messages on a one-rank halo ---------------------------------
-
-
-def _one_rank_meta(n_owned: int, ghosts_of: list[int]) -> ShardMeta:
-    """A one-rank plan whose ghost rows mirror owned rows ``ghosts_of`` (periodic images)."""
-    plan = ExchangePlan(torch.tensor(ghosts_of), (len(ghosts_of),), (len(ghosts_of),), n_owned)
-    return ShardMeta(plan=plan, n_systems=1)
-
-
-def _padded(meta, owned):
-    return ShardTensor.wrap(torch.cat([owned, owned[meta.plan.send_index]]), meta)
-
-
-@pytest.mark.parametrize("call", ["overload", "packet", "function", "keywords"])
-def test_every_call_path_reaches_the_adapter(call):
-    meta = _one_rank_meta(3, [0, 2])
-    x = _padded(meta, torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64))
-    edges = torch.tensor([[0, 1, 3], [1, 2, 4]])  # rows 3, 4 are ghosts of 0 and 2
-    weights = torch.ones(3, dtype=torch.float64)
-    calls = {
-        "overload": lambda: torch.ops.mlipdd_test.pair_spread.default(x, edges, weights),
-        "packet": lambda: torch.ops.mlipdd_test.pair_spread(x, edges, weights),
-        "function": lambda: pair_spread(x, edges, weights),
-        "keywords": lambda: torch.ops.mlipdd_test.pair_spread.default(x, edge_index=edges, weights=weights),
-    }
-    FIRED.clear()
-    with activated(PROBE_ADAPTERS["slice_gather_scatter"]):
-        out = calls[call]()
-    assert FIRED["op_adapter:mlipdd_test::pair_spread"] == 1
-    # plain: [2, 8, 6, 3, 3]; ScatterOutputs adds ghost rows into owners 0, 2 and refreshes them
-    assert isinstance(out, ShardTensor)
-    assert out.local().tolist() == [5.0, 8.0, 9.0, 5.0, 9.0]
-
-
-def test_inactive_adapters_leave_the_op_alone():
-    meta = _one_rank_meta(3, [0])
-    x = _padded(meta, torch.tensor([1.0, 2.0, 3.0]))
-    with pytest.raises(NoRuleError, match=r"mlipdd_test.atom_map.*OpAdapter"):
-        atom_map(x)  # no activated(): an opaque op on rows is refused, not run locally
-
-
-def test_slice_owned_hands_the_op_owned_rows_and_gradients_flow_back():
-    meta = _one_rank_meta(3, [1])
-    owned = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64, requires_grad=True)
-    x = _padded(meta, owned)
-    with activated(PROBE_ADAPTERS["slice_gather_scatter"]):
-        y = atom_map(x)
-    assert y.shape[0] == 3
-    torch.autograd.grad(y.local().sum(), owned)  # the op's own backward ran through the slice
-
-
-def test_wrong_rows_name_the_op_position_and_fix():
-    meta = _one_rank_meta(3, [1])
-    x = ShardTensor.wrap(torch.ones(5, dtype=torch.float64), meta)  # neither 3 nor 4 rows
-    adapter = OpAdapter(op="mlipdd_test::atom_map", output_transforms={0: ScatterOutputs()})
-    with activated([adapter]), pytest.raises(RuntimeError, match=r"OpAdapter\(mlipdd_test::atom_map\) output 0 "
-                                                                 r"has ScatterOutputs\(\) but 5 rows"):
-        atom_map(x)
-    adapter = OpAdapter(op="mlipdd_test::atom_map", arg_transforms={1: SliceOwned()})
-    with activated([adapter]), pytest.raises(RuntimeError, match="position 1, but the op was called with 1"):
-        atom_map(x)
-
-
-def test_an_unregistered_op_name_fails_at_activation():
-    from mlipdd.spec.errors import SpecError
-
-    adapter = OpAdapter(op="mlipdd_test::no_such_op")
-    with pytest.raises(SpecError, match="mlipdd_test::no_such_op is not registered"), activated([adapter]):
-        pass

@@ -76,19 +76,11 @@ def test_a_rank_that_raises_stops_every_rank_promptly():
     assert elapsed < 30, f"ranks took {elapsed:.1f} s to stop"
 
 
-@pytest.mark.old_dispatch("the old dispatch's rebind rule (exact under aten: test_dropped_inplace_scatter_return_is_exact_under_aten); goes with the old dispatch")
-def test_dropped_inplace_scatter_return_is_explained():
-    with pytest.raises(RankFailure) as info:
-        run_ranks(_forward, 2, cubic(), drop_rebind=True, timeout=60)
-    for message in info.value.failures.values():
-        assert "x = x.index_add_(...)" in message
-
-
 def test_dropped_inplace_scatter_return_is_exact_under_aten():
     # the aten dispatch keeps in-place ops in place: `x.index_add_(...)` called for its side
     # effect updates x itself, on every rank, as in one process
     result = check_conformance(functools.partial(_model, drop_rebind=True), cubic(), 2, compute_stress=False,
-                               config_kwargs={"dispatch": "aten"})
+                               config_kwargs={})
     assert result.rel_diff["energy"] < 1e-10 and result.rel_diff["forces"] < 1e-10, result.rel_diff
 
 

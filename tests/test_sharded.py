@@ -162,7 +162,7 @@ def test_two_atoms_and_two_systems_per_rank_equal_one_process_under_aten():
     data = [AtomicData(positions=[[2.0, 5.0, 5.0], [7.0, 5.0, 5.5 + shift]], atomic_numbers=[8, 1], cell=cell,
                        pbc=True) for shift in (0.0, 0.3)]
     result = check_conformance(qeq, Batch.from_data_list(data), 2,
-                               config_kwargs={"strategy": "sharded", "grid": (2, 1, 1), "dispatch": "aten"})
+                               config_kwargs={"strategy": "sharded", "grid": (2, 1, 1)})
     result.assert_close()
 
 

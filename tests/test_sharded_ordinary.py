@@ -100,19 +100,10 @@ def _uninferred_worker(rank, world_size):
     return "no error"
 
 
-@pytest.mark.old_dispatch("the old dispatch's row-count guess (exact under aten: test_sizes_read_as_python_ints_are_exact_under_aten); goes with the old dispatch")
-def test_a_layout_that_cannot_be_inferred_is_explained_on_every_rank():
-    messages = run_ranks(_uninferred_worker, 2)
-    for message in messages:
-        assert "ordinary_models.py:" in message and "torch.zeros(n_atoms" in message, message
-        assert "zeros_like" in message and "not int(...)" in message, message
-        assert "scalars[sender]" in message, message  # the line of the read
-
-
 def test_sizes_read_as_python_ints_are_exact_under_aten():
     # the aten dispatch carries each tensor's placement: `torch.zeros(int(n_atoms), F)` filled
     # by the edge index holds atom rows whatever its size was spelt as
     factory = functools.partial(VectorMPNN, int_sizes=True)
-    result = check_conformance(factory, charged_triclinic(), 2, config_kwargs={"strategy": "sharded", "dispatch": "aten"},
+    result = check_conformance(factory, charged_triclinic(), 2, config_kwargs={"strategy": "sharded"},
                                spec=SPEC_MPNN_SHARDED)
     result.assert_close()

@@ -13,7 +13,6 @@ from mlipdd import plugins
 from mlipdd.data import Batch, InputError
 from mlipdd.distributed import DistributedModel, DomainConfig, StrategyKind
 from mlipdd.hookspecs import hookimpl
-from mlipdd.shard import ExchangePlan, Replicated, ShardMeta
 from mlipdd.strategy import (
     GraphPartitionStrategy,
     HaloStrategy,
@@ -51,9 +50,6 @@ class EveryRankWhole(Strategy):
     def accepts(cls, policy) -> bool:
         return policy.is_local() or policy.is_halo()
 
-    def layout(self, policy) -> Replicated:
-        return Replicated()  # every rank holds every row: nothing crosses ranks in the forward
-
     def partition(self, full, device=None) -> Batch:
         box = [full.clone() if self.rank == 0 else None]
         if self.world_size > 1:
@@ -75,19 +71,16 @@ class EveryRankWhole(Strategy):
             positions[ids] = rows
         self.positions = positions
 
-    def model_batch(self, batch: Batch, spec) -> tuple[Batch, ShardMeta]:
+    def model_batch(self, batch: Batch, spec) -> tuple[Batch, int]:
+        """Every rank holds every row, plain: nothing crosses ranks in the forward."""
         whole = self.static.clone()
         whole.node["positions"] = self.positions
-        n = whole.num_atoms
-        nothing = torch.zeros(0, dtype=torch.long)
-        plan = ExchangePlan(nothing, (0,) * self.world_size, (0,) * self.world_size, n, self.group)
-        meta = ShardMeta(plan=plan, n_systems=whole.num_systems, layout=self.layout(spec.distribution.policy), group=self.group)
         self.owned_ids = batch.atom_ids
-        return whole, meta
+        return whole, whole.num_atoms
 
-    def consolidate(self, outputs: dict, meta: ShardMeta, spec, autograd_outputs) -> dict:
+    def consolidate(self, outputs: dict, n_rows: int, spec, autograd_outputs) -> dict:
         def per_atom(name, value):
-            return value[self.owned_ids] if value.dim() and value.shape[0] == meta.n_owned else value
+            return value[self.owned_ids] if value.dim() and value.shape[0] == n_rows else value
 
         return consolidate_outputs(outputs, spec.replace(all_reduce_outputs=frozenset()), self.group, per_atom)
 

@@ -340,13 +340,13 @@ def test_a_wrong_declaration_fails_and_is_named():
         assert "taken on the model's word (all ranks)" in report.summary()
 
 
-def test_cli_validate_runs_the_dispatch_asked_for(capsys):
-    args = ["validate", "lj", "--model-arg", "epsilon=0.0104", "--model-arg", "sigma=3.4", "--dispatch", "aten"]
+def test_cli_validate_runs_the_aten_dispatch(capsys):
+    args = ["validate", "lj", "--model-arg", "epsilon=0.0104", "--model-arg", "sigma=3.4"]
     assert main(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert "dispatch: aten" in lines and any(line.startswith("aten rules fired (all ranks): ") for line in lines)
     assert lines[-1] == ("Next: save the spec: mlipdd validate lj --model-arg epsilon=0.0104 "
-                         "--model-arg sigma=3.4 --dispatch aten --save model_spec.json")
+                         "--model-arg sigma=3.4 --save model_spec.json")
 
 
 def test_a_model_that_counts_skin_edges_is_exact_under_aten():

@@ -376,7 +376,7 @@ def _assert_exact_on_another_sample(factory, world_size, strategy, dispatch):
     from mlipdd.testing.conformance import check_conformance
 
     batch = default_sample(factory(), world_size, seed=11)
-    result = check_conformance(factory, batch, world_size, config_kwargs={"strategy": strategy, "dispatch": dispatch})
+    result = check_conformance(factory, batch, world_size, config_kwargs={"strategy": strategy})
     result.assert_close(energy=1e-10, forces=1e-10, stress=1e-10)
 
 

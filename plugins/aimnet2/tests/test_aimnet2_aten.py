@@ -56,7 +56,7 @@ def _distributed(rank, world_size, cases):
     results = []
     for factory, build, strategy in cases:
         model = factory()
-        dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=0.3, strategy=strategy, dispatch="aten"))
+        dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=0.3, strategy=strategy))
         owned = dm.partition(build() if rank == 0 else None)
         out = dm(owned, compute_stress=True)
         results.append({"atom_ids": owned.atom_ids, **{k: out[k] for k in KEYS}})

@@ -130,13 +130,3 @@ def _halo_without_refresh(rank, world_size):
     owned = dm.partition(triclinic_crystal() if rank == 0 else None)
     out = dm(owned)
     return {"atom_ids": owned.atom_ids, "forces": out["forces"], "charges": out["charges"]}
-
-
-@pytest.mark.old_dispatch("the old dispatch needs the ConvSV ghost refresh; aten is exact without it (7e-15); goes with the old dispatch")
-def test_halo_needs_the_convolution_ghost_refresh():
-    """Without the ConvSV adapter the ghosts keep a zero environment: visibly wrong."""
-    parts = run_ranks(_halo_without_refresh, 2, timeout=600)
-    reference = _reference("triclinic_crystal")
-    n = reference["forces"].shape[0]
-    assert relative_difference(gather_by_id(parts, "forces", n), reference["forces"]) > 1e-3
-    assert relative_difference(gather_by_id(parts, "charges", n), reference["charges"]) > 1e-3

@@ -64,7 +64,7 @@ def _aten_cases(rank, world_size, cases):
     def run(factory, batch, stress, strategy):
         model = factory()
         runner = DistributedPipelineModel if isinstance(model, PipelineModelWrapper) else DistributedModel
-        dm = runner(model, DomainConfig(cutoff=model.cutoff, strategy=strategy, dispatch="aten"))
+        dm = runner(model, DomainConfig(cutoff=model.cutoff, strategy=strategy))
         owned = dm.partition(batch if rank == 0 else None)
         out = dm(owned, compute_stress=stress)
         return {"atom_ids": owned.atom_ids, "energy": out["energy"], "forces": out["forces"],

@@ -74,32 +74,6 @@ def _unfused_and_fused(rank, world_size, batches, strategies):
             for label, build in (("unfused", cueq_mace_wrapper), ("fused", reference_fused_cueq_wrapper))}
 
 
-@pytest.mark.old_dispatch("counts the old dispatch's cuEq rule calls (aten: test_cueq_aten); goes with the old dispatch")
-@pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
-def test_cueq_distributed_equals_one_cueq_process(references, world_size):
-    """gloo ranks vs one cuEq process, halo and sharded storage: triclinic, own images,
-    vacuum (a rank of the slab may own no atom under sharded storage); mace's converted model
-    (unfused) and mace's fused-convolution call (senders as an input index, receivers as an
-    output index) on cuEq's reference kernels, whose rule gives it the sender table and
-    completes the receiver sums."""
-    systems = small_cueq_systems()
-    strategies = ("halo", "sharded")
-    parts = run_ranks(_unfused_and_fused, world_size, list(systems.values()), strategies, timeout=600)
-    for label, rule_counter in (("unfused", "cueq_rule_calls"), ("fused", "cueq_fused_calls")):
-        for strategy in strategies:
-            assert sum(p[label][strategy, i]["n_ghost"] for p in parts for i in range(len(systems))) > 0, \
-                "no remote row read"
-            for i, (name, batch) in enumerate(systems.items()):
-                per_rank = [p[label][strategy, i] for p in parts]
-                assert all(o[rule_counter] > 0 for o in per_rank), f"{label}: the cuEq row rule never ran"
-                forces = gather_by_id(per_rank, "forces", batch.num_atoms)
-                ref = references[label][name]
-                where = f"{label} {strategy} {name}"
-                assert relative_difference(per_rank[0]["energy"], ref["energy"].detach()) < 1e-12, where
-                assert relative_difference(forces, ref["forces"].detach()) < 1e-10, where
-                assert relative_difference(per_rank[0]["stress"], ref["stress"].detach()) < 1e-10, where
-
-
 def test_the_fused_form_is_the_same_model(references):
     for name in references["fused"]:
         _assert_same(references["fused"][name], references["unfused"][name], tol=1e-11)

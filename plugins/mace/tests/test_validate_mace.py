@@ -13,7 +13,7 @@ import functools
 import pytest
 import torch
 
-from mlipdd.spec import SPEC_MPNN_HALO, MLIPSpec
+from mlipdd.spec import SPEC_MPNN_HALO
 from mlipdd.testing.systems import triclinic
 from mlipdd.validate import trace_and_validate
 from mlipdd_mace.testing import random_mace, random_mace_wrapper
@@ -32,25 +32,6 @@ def sample():
     """27 atoms of H/C/O, triclinic: small, so every rank sees every atom (the report
     says so); the default sample is checked below."""
     return triclinic(species=SPECIES, spacing=2.5, reps=3)
-
-
-@pytest.mark.old_dispatch("issue 21 (h2): counts the old dispatch's handler firings (validation passes under aten)")
-def test_mace_wrapper_validates_on_two_ranks_without_a_spec(tmp_path):
-    report = trace_and_validate(WRAPPED, sample(), world_size=2)
-    assert report.ok, report.summary()
-    print("\n" + report.summary())
-    assert len(report.attempts) == 1 and report.fixes_applied == []
-    assert report.spec == SPEC_MPNN_HALO
-    assert report.opaque_ops == []
-    assert set(report.diffs) == {"energy", "forces", "stress"}
-    for name, diff in report.diffs.items():
-        assert diff.rel < CONTRACT, f"{name}: {diff}"
-    # mace's message passing went through the halo scatter rule (each layer, each rank),
-    # and its per-system energy sum through the reduction rule
-    assert report.handlers_fired.get("halo_scatter", 0) >= 2 * 2
-    assert report.handlers_fired.get("per_system_reduce", 0) > 0
-    report.spec.save(tmp_path / "mace_spec.json")
-    assert MLIPSpec.load(tmp_path / "mace_spec.json") == report.spec
 
 
 def test_raw_mace_model_is_wrapped_by_the_plugin_and_validates():

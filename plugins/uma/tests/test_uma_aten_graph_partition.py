@@ -23,7 +23,7 @@ from uma_systems import batch_of_two, triclinic_cell
 def test_uma_aten_graph_partition_matches_single_process(world_size):
     batch = triclinic_cell()
     limits = {k: max(NOISE_FACTOR * v, FLOOR) for k, v in _permutation_noise(batch).items()}
-    config = {"strategy": "graph_partition", "dispatch": "aten"}
+    config = {"strategy": "graph_partition"}
     ((result, _),) = check_conformance_cases([(FACTORY, batch, config)], world_size, timeout=600.0)
     result.assert_close(**limits)
     assert float(result.reference["stress"].abs().max()) > 1e-4
@@ -33,7 +33,7 @@ def test_uma_aten_graph_partition_matches_single_process(world_size):
 def test_uma_aten_halo_matches_single_process(world_size):
     batch = triclinic_cell()
     limits = {k: max(NOISE_FACTOR * v, FLOOR) for k, v in _permutation_noise(batch).items()}
-    config = {"strategy": "halo", "dispatch": "aten"}
+    config = {"strategy": "halo"}
     ((result, _),) = check_conformance_cases([(FACTORY, batch, config)], world_size, timeout=600.0)
     result.assert_close(**limits)
     assert float(result.reference["stress"].abs().max()) > 1e-4
@@ -42,7 +42,7 @@ def test_uma_aten_halo_matches_single_process(world_size):
 @pytest.mark.mlipdd_conformance(world_sizes=(2,))
 def test_mole_aten_graph_partition_matches_single_process(world_size):
     systems = {"triclinic": triclinic_cell(), "two_systems": batch_of_two()}
-    cases = [(MOLE_FACTORY, batch, {"strategy": "graph_partition", "dispatch": "aten"}) for batch in systems.values()]
+    cases = [(MOLE_FACTORY, batch, {"strategy": "graph_partition"}) for batch in systems.values()]
     for name, (result, _) in zip(systems, check_conformance_cases(cases, world_size, timeout=600.0)):
         for key, limit in mole_limits(systems[name]).items():
             assert result.rel_diff[key] < limit, f"{name} {key}: {result.rel_diff[key]:.2e} >= {limit:.2e}"

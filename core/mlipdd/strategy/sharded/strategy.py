@@ -7,21 +7,15 @@ from their owners and a scatter by it delivers remote sums to them (NOTE [aten s
 storage] in `mlipdd.shard.aten.index_rules`). Atom rows are complete on every rank at every
 op, so consolidation takes the owned rows as they are (`SpatialStrategy.consolidate`).
 
-# NOTE [a single row]
-The ShardTensor has this rank's LOCAL shape, and torch decomposes some ops by shape: a
-size-1 dim is a broadcast dim to einsum, which then permutes and views it where a
-larger dim would not go ((3, 1, 3) viewed as (1, 3, 3)). A rank owning one atom thus
-runs other views than its peers, and no view rule can tell where its one row went
-(merged with the 3, or moved). Halo storage always has ghost rows besides; sharded
-storage has only the owned rows, so a rank owning exactly one atom is refused at the
-rebuild, on every rank (one owning none is fine: a view of zero rows is placed by
-probing, `mlipdd.shard.aten.rules._probe_shapes`).
+A rank owning one atom holds rows of size 1, which torch's einsum takes for a broadcast
+dim; the strategies' torch-function mode spells such an einsum shape-stably (NOTE [a
+single row] in `mlipdd.shard.aten.one_row_einsum`). A rank owning none runs the model on
+zero rows (a view of them is placed by probing, `mlipdd.shard.aten.rules._probe_shapes`).
 """
 
 from __future__ import annotations
 
-from mlipdd.comm import any_rank
-from mlipdd.data import Batch, InputError
+from mlipdd.data import Batch
 from mlipdd.shard.aten import GHOSTED, HaloContext, Rows, comm, from_local
 from mlipdd.shard.aten.comm import OwnedRowsOnly
 from mlipdd.strategy.aten_skin import edges_in_cutoff
@@ -45,23 +39,12 @@ class ShardedStrategy(SpatialStrategy):
         return policy.is_sharded() or (policy.is_halo() and not policy.builds_own_graph)
 
     def prepare(self, batch: Batch, rebuild: bool) -> None:
-        """Collective: when the halo plan is rebuilt, rewrite it over owned rows; then every
-        rank learns whether some rank owns a single atom (NOTE [a single row]), one all_reduce."""
-        before = self.state
+        """Collective: when the halo plan is rebuilt, rewrite it over owned rows."""
         halo = self.halo.prepare(batch, rebuild)
         if halo is not None:
             self.state = shard_halo(halo, batch, self.rank, self.group)
             if self.keep_halo_state:  # compile=True reads the halo rows of the same plan
                 self.halo_state = halo  # (NOTE [sharded, compiled] in mlipdd.distributed.compiled_halo)
-        if self.state is not before and self.world_size > 1 and any_rank(batch.num_atoms == 1, self.group):
-            error = InputError(
-                "sharded storage cannot run a rank that owns a single atom: its rows are a dimension of "
-                "size 1, which torch's shape-dependent decompositions (einsum, matmul) move and merge "
-                "differently than on the other ranks, so no view can tell where the atom went "
-                "(NOTE [a single row] in mlipdd.strategy.sharded.strategy). Fix: fewer ranks for this "
-                "system, another rank grid, or strategy='halo'")
-            error.raised_on_every_rank = True  # agreed by the all_reduce: no rank's failure to relay
-            raise error
 
     def model_batch(self, batch: Batch, spec) -> tuple[Batch, HaloContext | None]:
         state = self.state

@@ -48,7 +48,7 @@ def _run_case(rank, world_size, case):
     from mlipdd.testing.real_packages import REAL_MODELS
 
     _acknowledge_a_simultaneous_failure()
-    model, strategy, dispatch, system = case
+    model, strategy, _dispatch, system = case
     options = _options(strategy, system, world_size)
     out = distributed_outputs(rank, world_size, REAL_MODELS[model].factory, SYSTEMS[system](), options, True,
                               STRATEGIES[strategy])

@@ -97,7 +97,7 @@ def test_aten_sharded_equals_one_process(world_size):
     for i, (name, factory, batch, _) in enumerate(cases(world_size)):
         reference = build_model(factory, "cpu")(batch.clone(), compute_stress=True)
         parts = [results[i] for results, _ in per_rank]
-        assert {p["strategy"] for p in parts} == {"AtenShardedStrategy"}, name
+        assert {p["strategy"] for p in parts} == {"ShardedStrategy"}, name
         assert all(p["stored"]["owned"] == p["n_owned"] for p in parts), name  # owned rows only
         ids = torch.cat([p["atom_ids"] for p in parts])
         assert torch.equal(ids.sort().values, batch.atom_ids.sort().values), f"{name}: atoms lost or duplicated"

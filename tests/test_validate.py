@@ -34,17 +34,15 @@ from mlipdd.validate.report import Attempt, OutputDiff
 argon_lj = functools.partial(LennardJones, epsilon=0.0104, sigma=3.4, cutoff=7.0)
 mpnn = functools.partial(ToyMPNN, cutoff=4.5, species=(18,))
 
-# Each test runs under the dispatch a real run would choose (MLIPDD_DISPATCH, the
-# strategy's default); the report says which, and what each dispatch calls the rule that
-# completes a scatter into atom rows across ranks and a sum over the atoms.
-SCATTER_INTO_ATOM_ROWS = {"torch_function": "halo_scatter", "aten": "index_add"}
+# Every run is on the aten dispatch (the torch-function one is deleted): its rule that completes
+# a scatter into atom rows across ranks, and its sums over the atoms (``... -> replicated``).
+SCATTER_INTO_ATOM_ROWS = "index_add"
 
 
 def sums_over_ranks(report) -> int:
     """Per-system sums completed across ranks, by the report's rule firings."""
-    if report.dispatch == "aten":
-        return sum(n for rule, n in report.handlers_fired.items() if rule.endswith("-> replicated"))
-    return report.handlers_fired.get("per_system_reduce", 0) + report.handlers_fired.get("global_sum", 0)
+    assert report.dispatch == "aten", report.summary()
+    return sum(n for rule, n in report.handlers_fired.items() if rule.endswith("-> replicated"))
 
 
 # ---- the happy path: no hand-written spec -------------------------------------------------
@@ -66,7 +64,7 @@ def test_lj_passes_without_a_spec():
 def test_toy_mpnn_passes_and_summary_says_what_ran(caplog, tmp_path):
     report = trace_and_validate(mpnn)
     assert report.ok, report.summary()
-    scatter = SCATTER_INTO_ATOM_ROWS[report.dispatch]
+    scatter = SCATTER_INTO_ATOM_ROWS
     assert report.handlers_fired[scatter] >= 3  # one per message-passing layer, per rank
     assert report.opaque_ops == []
     assert report.op_counts["index_add_"] > 0  # the op trace saw the model's scatters
@@ -84,16 +82,9 @@ def test_toy_mpnn_passes_and_summary_says_what_ran(caplog, tmp_path):
 
 def test_dropped_rebind_is_exact_or_names_the_rebind_fix():
     """``x.index_add_(...)`` with its return dropped: the aten dispatch keeps an in-place op
-    in place, so the model is exact; the torch-function one returns a new tensor, so the
-    mistake is explained with the rebind fix."""
+    in place, so the model is exact."""
     report = trace_and_validate(functools.partial(ToyMPNN, cutoff=4.5, species=(18,), drop_rebind=True))
-    if report.dispatch == "aten":
-        assert report.ok and report.conclusive, report.summary()
-        return
-    assert not report.ok and report.spec is None
-    assert "x = x.index_add_(...)" in report.next_action
-    assert "toy_models.py" in report.diagnosis  # points at the model's line, not the machinery
-    assert "DroppedScatterResultError" in report.attempts[0].error
+    assert report.ok and report.conclusive, report.summary()
 
 
 def test_unknown_element_in_the_reference_run_is_explained():
@@ -352,23 +343,8 @@ def test_cli_validate_runs_the_aten_dispatch(capsys):
 def test_a_model_that_counts_skin_edges_is_exact_under_aten():
     """GCN degrees by ``bincount(receiver)`` count every edge of the list: the aten strategies
     hand the model the edges within the cutoff (NOTE [skin edges under aten]), so it validates
-    at the default skin 0.5; the torch-function dispatch refuses the bincount."""
+    at the default skin 0.5."""
     from mlipdd.testing.idiom_zoo import ZOO
 
     report = trace_and_validate(ZOO["GCNDegreeNorm"], max_attempts=1)
-    if report.dispatch == "torch_function":
-        assert not report.ok and "bincount" in report.last.error, report.summary()
-        return
     assert report.ok, report.summary()
-
-
-def test_a_model_that_counts_skin_edges_is_named_as_such_under_the_old_dispatch():
-    """The torch-function dispatch keeps the skin's edges: a mean over a receiver's listed edges
-    (a count of ones, every op with a rule there) is wrong on the ranks at skin 0.5, and the
-    diagnosis says so instead of blaming an op."""
-    from mlipdd.testing.idiom_zoo.segments import MeanOverListedEdges
-
-    report = trace_and_validate(MeanOverListedEdges, max_attempts=1, dispatch="torch_function")
-    assert not report.ok and report.last.error is None, report.summary()
-    assert "edges beyond the cutoff change the answer in one process already" in report.diagnosis, report.summary()
-    assert "an edge at r >= cutoff must add exactly zero" in report.next_action

@@ -21,7 +21,6 @@ from mlipdd.testing.conformance import distributed_outputs, gather_by_id, relati
 from mlipdd.testing.systems import slab, small_cell, triclinic
 from mlipdd.testing.toy_models import ToyMPNN, cosine_envelope, species_rows
 
-ATEN = {"dispatch": "aten"}
 SUMS = OpAdapter("mlipdd_test::summed_messages", output_transforms={0: ScatterOutputs()})
 
 
@@ -57,7 +56,7 @@ def _systems(world_size):
 
 
 def _each(rank, world_size, strategy):
-    return [distributed_outputs(rank, world_size, AdaptedMPNN, batch, {**ATEN, "strategy": strategy, **options}, True)
+    return [distributed_outputs(rank, world_size, AdaptedMPNN, batch, {"strategy": strategy, **options}, True)
             for _, batch, options in _systems(world_size)]
 
 
@@ -77,7 +76,7 @@ def test_an_adapted_message_sum_equals_one_process(strategy, world_size):
 
 
 def _lists_rows(rank, world_size):
-    return distributed_outputs(rank, world_size, ListsRows, triclinic(reps=4), ATEN, False)
+    return distributed_outputs(rank, world_size, ListsRows, triclinic(reps=4), {}, False)
 
 
 def test_tolist_of_rows_is_refused_by_name_on_every_rank():

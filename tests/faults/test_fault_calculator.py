@@ -56,8 +56,6 @@ def two():
 @pytest.mark.parametrize("nproc", [2, 3, 4])
 def test_a_single_atom_and_a_lone_atom_answer_at_several_ranks(nproc, one):
     """Ranks with nothing to do (was broken: the call hung for the 300 s collective timeout)."""
-    # its own ranks even at 2: the module's `two` started on the default dispatch (old_dispatch
-    # reaches only the ranks a test starts)
     calc = MLIPDDCalculator(LennardJones(**ARGON), nproc=nproc)
     for atoms in (one_atom(False), one_atom(True), lone_atom_and_pair()):
         start = time.monotonic()

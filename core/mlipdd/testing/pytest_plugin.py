@@ -33,10 +33,6 @@ def pytest_configure(config):
         "markers", f"{CONFORMANCE_MARKER}(world_sizes): single process vs spawned ranks (mlipdd)"
     )
     config.addinivalue_line("markers", "slow: longer runs (deselect with -m 'not slow')")
-    config.addinivalue_line(
-        "markers", "old_dispatch(reason): needed the torch-function dispatch, now deleted (issue 21); it runs "
-                   "the aten dispatch and fails by name until the gap named by reason is closed"
-    )
 
 
 def parse_world_sizes(text: str) -> tuple[int, ...]:

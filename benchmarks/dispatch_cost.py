@@ -4,7 +4,7 @@
 
 At one rank the model gets plain tensors (NOTE [one rank] in mlipdd.strategy.halo), so
 the dispatch costs nothing there; at 2 ranks every op on a ShardTensor goes through
-``__torch_function__``. Run it once per version of the code (``--label``) on the same
+its ``__torch_dispatch__`` rules. Run it once per version of the code (``--label``) on the same
 machine; rows are appended to ``results/dispatch_cost.json`` and the table rewritten.
 On ``--device cuda`` both ranks share one GPU over gloo (what one GPU can show: host cost).
 """

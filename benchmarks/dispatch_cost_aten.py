@@ -1,4 +1,4 @@
-"""Eager cost of the aten-level dispatch vs the torch-function one, per force call (CPU).
+"""Eager cost of the aten-level dispatch vs the bare model, per force call (CPU).
 
     python benchmarks/dispatch_cost_aten.py [--atoms 1000] [--repeats 7] [--models lj,mace] [--ranks 2]
 
@@ -9,11 +9,11 @@ Per model, forces + stress, one thread per rank:
   interactions, r_max 5 A), float32 as the MACE overhead runners, diamond Si, ~1000 atoms.
 
 Rows at one rank: the model alone (``plain``; LJ builds its list every call, MACE
-gets one attached), ``torch_function`` and ``aten`` (both hand the model plain tensors
-at one rank: NOTE [one rank], NOTE [aten at one rank]) and ``aten rows`` (the aten
+gets one attached), ``aten`` (the model gets plain tensors at one rank: NOTE [aten at
+one rank]) and ``aten rows`` (the aten
 ShardTensors kept at one rank, ``rows_at_one_rank``: what every op's rule costs). Taken
 in turn, call by call, so a slow spell of the shared machine costs every variant alike.
-``--ranks 2``: spawned gloo ranks, both dispatches active, rank 0's median (LJ only by
+``--ranks 2``: spawned gloo ranks, rank 0's median (LJ only by
 default: MACE at 2 ranks is minutes on this machine; ``--rank-models`` adds it).
 
 ``--device cuda``: the same on one GPU (the ranks share it over gloo), each call synchronised.
@@ -72,10 +72,10 @@ def _mace_system(n_atoms: int):
 MODELS = {"lj": (_lj, _lj_system, "float64"), "mace": (_mace, _mace_system, "float32")}
 
 
-def _dm(model, dispatch: str, rows: bool = False):
+def _dm(model, rows: bool = False):
     from mlipdd.distributed import DistributedModel, DomainConfig
 
-    dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=0.0, strategy="halo", dispatch=dispatch))
+    dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, skin=0.0, strategy="halo"))
     dm.strategy.rows_at_one_rank = rows
     return dm
 
@@ -95,9 +95,8 @@ def one_process(name: str, n_atoms: int, repeats: int, device: str = "cpu") -> d
     if name != "lj":  # the bare model on a prebuilt list (LJ's forward builds its own)
         attach_neighbors(plain, model.cutoff)
     calls = {"plain": lambda: model(plain, compute_stress=True)}
-    for label, dispatch, rows in (("torch_function", "torch_function", False), ("aten", "aten", False),
-                                  ("aten rows", "aten", True)):
-        dm = _dm(model, dispatch, rows)
+    for label, rows in (("aten", False), ("aten rows", True)):
+        dm = _dm(model, rows)
         owned = dm.partition(batch.clone())
         calls[label] = lambda dm=dm, owned=owned: dm(owned, compute_stress=True)
     times = {label: [] for label in calls}
@@ -123,13 +122,9 @@ def rank_timing(rank, world_size, name, n_atoms, repeats, device="cpu"):
         _sync(device)
         dist.barrier()
 
-    out = {}
-    for dispatch in ("torch_function", "aten"):
-        dm = _dm(make_model().to(device), dispatch)
-        owned = dm.partition(make_system(n_atoms).to(device) if rank == 0 else None)
-        out[dispatch] = 1e3 * median_time(lambda dm=dm, owned=owned: dm(owned, compute_stress=True), repeats,
-                                          warmup=2, sync=sync)
-    return out
+    dm = _dm(make_model().to(device))
+    owned = dm.partition(make_system(n_atoms).to(device) if rank == 0 else None)
+    return {"aten": 1e3 * median_time(lambda: dm(owned, compute_stress=True), repeats, warmup=2, sync=sync)}
 
 
 def main(argv=None):
@@ -151,21 +146,21 @@ def main(argv=None):
         one = one_process(name, args.atoms, args.repeats, args.device)
         for label, ms in one.items():
             rows.append({"model": name, "atoms": atoms, "ranks": 1, "dispatch": label, "ms": ms,
-                         "ratio": ms / one["torch_function"]})
+                         "ratio": ms / one["plain"]})
         if args.ranks > 1 and name in args.rank_models.split(","):
             several = run_ranks(rank_timing, args.ranks, name, args.atoms, args.repeats, args.device,
                                 timeout=1800)[0]
             for label, ms in several.items():
                 rows.append({"model": name, "atoms": atoms, "ranks": args.ranks, "dispatch": label, "ms": ms,
-                             "ratio": ms / several["torch_function"]})
+                             "ratio": ms / one["plain"]})
     info = machine()
     if args.device.startswith("cuda"):
         info["gpu"] = torch.cuda.get_device_name()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps({"machine": info, "rows": rows}, indent=1))
     where = "CPU, 1 thread per rank" if args.device == "cpu" else f"{args.device}, 1 host thread per rank"
-    lines = [f"# Aten vs torch-function dispatch: force + stress call, {where}", "",
-             "| model | atoms | dtype | ranks | dispatch | ms per call | vs torch_function at the same rank count |",
+    lines = [f"# Aten dispatch vs the bare model: force + stress call, {where}", "",
+             "| model | atoms | dtype | ranks | dispatch | ms per call | vs plain (one process) |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['atoms']} | {MODELS[r['model']][2]} | {r['ranks']} | {r['dispatch']} | "

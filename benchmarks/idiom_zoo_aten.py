@@ -2,9 +2,10 @@
 
     python benchmarks/idiom_zoo_aten.py [--world-sizes 2,3,4] [--strategies halo,sharded] [--out docs/idiom_zoo_aten.md]
 
-Runs `mlipdd.testing.idiom_zoo.classify` (halo and sharded storage) with ``MLIPDD_DISPATCH=aten`` set before any rank starts, so every spawned rank
-builds its DistributedModel with the aten-level ShardTensor; the one-process references
-are the plain models. Not a test: tests/test_aten_idiom_zoo.py checks the no-WRONG rule.
+Runs `mlipdd.testing.idiom_zoo.classify` (halo and sharded storage; every rank runs the
+aten-level ShardTensor, the only dispatch); the one-process references are the plain
+models. Not a test: tests/test_aten_idiom_zoo.py checks the no-WRONG rule.
+``python -m mlipdd.testing.idiom_zoo`` writes the full docs/idiom_zoo.md.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ def main() -> None:
     parser.add_argument("--strategies", default="halo,sharded")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    os.environ["MLIPDD_DISPATCH"] = "aten"  # before the forkserver starts: every rank inherits it
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from mlipdd.testing.idiom_zoo import classify, markdown_table
 
@@ -33,7 +33,7 @@ def main() -> None:
     results = classify(models=models, world_sizes=sizes, strategies=strategies)
     took = time.perf_counter() - start
     table = markdown_table(results)
-    header = (f"# The idiom zoo under the aten dispatch (`MLIPDD_DISPATCH=aten`)\n\n"
+    header = (f"# The idiom zoo under the aten dispatch\n\n"
               f"Written by `python benchmarks/idiom_zoo_aten.py --world-sizes {args.world_sizes} "
               f"--strategies {args.strategies}` ({took:.0f} s on {platform.node() or 'this machine'}, "
               f"{os.cpu_count()} CPU cores, gloo ranks). `exact`: energy, forces and "

@@ -5,8 +5,8 @@ process to 1e-10 or is refused.
 The full matrix (every system at every rank count) is docs/real_packages.md, written
 by ``python -m mlipdd.testing.real_packages``. Here each rank count runs one system, so
 that 2, 3 and 4 ranks and the three systems are all covered at a few seconds a case:
-both models x halo/sharded storage x torch-function/aten dispatch, on one spawned group per
-rank count, against references computed once.
+each model x halo/sharded storage, on one spawned group per rank count, against
+references computed once.
 """
 
 from __future__ import annotations
@@ -17,14 +17,9 @@ from mlipdd.testing.real_packages.classify import classify_world_size, reference
 
 SYSTEM_AT = {2: "triclinic", 3: "own_images", 4: "slab"}  # each system once, each rank count once
 MODELS = [name for name, real in REAL_MODELS.items() if real.package == "schnetpack"]
-# What the table says. The torch-function dispatch runs schnetpack exactly, except where a
-# sharded rank owns no atom (4 ranks, slab): Atomwise's ``maxm = int(idx_m[-1]) + 1`` then
-# reads past that rank's rows, refused naming that line. The aten dispatch (the default) reads
-# ``idx_m[-1]`` as the whole system's last atom (NOTE [a row by its global number]): exact everywhere.
-NAMED = {"int(idx_m[-1])"}
-EXPECTED = {("halo", "function"): "exact", ("halo", "aten"): "exact", ("sharded", "function"): "exact",
-            ("sharded", "aten"): "exact"}
-EMPTY_SHARDED_RANK = {("sharded", "function"): "UninferredRowsError"}
+# Exact everywhere: Atomwise's ``maxm = int(idx_m[-1]) + 1`` reads ``idx_m[-1]`` as the whole
+# system's last atom (NOTE [a row by its global number]), also on a sharded rank owning no atom.
+EXPECTED = {("halo", "aten"): "exact", ("sharded", "aten"): "exact"}
 
 
 @pytest.fixture(scope="module")
@@ -40,18 +35,7 @@ def test_exact_or_refused_by_name(world_size, refs):
     results = classify_world_size(MODELS, world_size, refs, systems=(system,))
     for model in MODELS:
         outcomes = {(r.strategy, r.dispatch): r.outcome for r in results if r.model == model}
-        expected = dict(EXPECTED)
-        if system == "slab" and world_size == 4:
-            expected.update(dict.fromkeys(EMPTY_SHARDED_RANK, "refused"))
-        assert outcomes == expected, [r for r in results if r.model == model]
-    for r in results:
-        if r.outcome != "refused":
-            continue
-        if system == "slab" and world_size == 4 and (r.strategy, r.dispatch) in EMPTY_SHARDED_RANK:
-            named = any(name in r.detail for name in NAMED) and "Fix:" in r.detail
-            assert named or r.detail.startswith(EMPTY_SHARDED_RANK[r.strategy, r.dispatch]), r.detail
-        else:  # the refusal names the op and says what to do
-            assert any(name in r.detail for name in NAMED) and "Fix:" in r.detail, r.detail
+        assert outcomes == EXPECTED, [r for r in results if r.model == model]
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -61,11 +45,7 @@ def test_validation_passes_an_exact_model(model):
 
 
 # orb-v3 and SevenNet: refused in every case, at 2 and 3 ranks (docs/real_packages.md). The
-# text each refusal starts with, per (model, strategy, dispatch):
-# * function dispatch: orb's ``torch.arange(count).repeat_interleave(n_node)`` (its per-system
-#   segments) reads a bincount of this rank's rows; sevenn's AtomReduce drops the return of
-#   ``output.scatter_reduce_(...)``, so its energy (NaN, the stale accumulator) has no graph.
-# * aten dispatch: sevenn's ForceStressOutputFromEdge scatters into ``torch.zeros(sum(num_atoms), 3)``,
+# text each refusal starts with, per (model, strategy, dispatch): sevenn's ForceStressOutputFromEdge scatters into ``torch.zeros(sum(num_atoms), 3)``,
 #   the whole system's size; orb's strain displacement ``bmm(positions, displacement[per_node])``
 #   mixes rows with a per-node gather built from a size. Where a rank holds more rows than the
 #   system has atoms, orb's code on replicated values fails first (the ``per_node_graph_indices``
@@ -76,20 +56,11 @@ NEW_MODELS = ["orb-v3 conservative", "orb-v3 direct", "sevenn SevenNet"]
 BMM = "AtenRefusal: mlipdd aten dispatch refuses `aten::bmm.default`"
 GLOBAL_INDEX = "AtenRefusal: `aten::index.Tensor` failed on this rank (IndexError"
 GLOBAL_EXPAND = "AtenRefusal: `aten::expand.default` failed on this rank (RuntimeError"
-SEGMENTS = "NoRuleError: `Tensor.repeat_interleave` on rank-local rows"
 REFUSALS = {
-    ("orb-v3 conservative", "halo", "function"): SEGMENTS,
-    ("orb-v3 conservative", "sharded", "function"): SEGMENTS,
     ("orb-v3 conservative", "halo", "aten"): GLOBAL_INDEX,
     ("orb-v3 conservative", "sharded", "aten"): BMM,
-    ("orb-v3 direct", "halo", "function"): SEGMENTS,
-    ("orb-v3 direct", "sharded", "function"): SEGMENTS,
     ("orb-v3 direct", "halo", "aten"): GLOBAL_EXPAND,
     ("orb-v3 direct", "sharded", "aten"): GLOBAL_EXPAND,
-    ("sevenn SevenNet", "halo", "function"): "NoRuleError: the energy (or another differentiated output) does not "
-                                             "depend on the inputs on this rank",
-    ("sevenn SevenNet", "sharded", "function"): "NoRuleError: the energy (or another differentiated output) does "
-                                                "not depend on the inputs on this rank",
     ("sevenn SevenNet", "halo", "aten"): "AtenRefusal: mlipdd aten dispatch refuses `aten::scatter_reduce_.two`",
     ("sevenn SevenNet", "sharded", "aten"): "AtenRefusal: mlipdd aten dispatch refuses `aten::scatter_reduce_.two`",
 }
@@ -107,20 +78,18 @@ def test_orb_and_sevennet_are_refused_on_every_rank(world_size):
         assert got[key][0] == "refused" and got[key][1].startswith(start), (key, got[key])
 
 
-# matgl's TensorNet under its Potential: exact under the torch-function dispatch; the aten one
-# refuses the backward of the Potential's ``lattice[node_batch]`` (an index_put by a plain
-# index, ``torch.zeros(g.num_nodes)``, of the rows' gradients into the lattice).
+# matgl's TensorNet under its Potential: the aten dispatch refuses the backward of the
+# Potential's ``lattice[node_batch]`` (an index_put by a plain index, ``torch.zeros(g.num_nodes)``,
+# of the rows' gradients into the lattice).
 TENSORNET = "matgl TensorNet"
-TENSORNET_EXPECTED = {("halo", "function"): "exact", ("sharded", "function"): "exact",
-                      ("halo", "aten"): "refused", ("sharded", "aten"): "refused"}
+TENSORNET_EXPECTED = {("halo", "aten"): "refused", ("sharded", "aten"): "refused"}
 
 
 @pytest.mark.mlipdd_conformance(world_sizes=(2, 3))
-def test_tensornet_exact_under_the_function_dispatch_refused_by_name_under_aten(world_size):
+def test_tensornet_refused_by_name(world_size):
     assert available(TENSORNET) is None, available(TENSORNET)
     system = SYSTEM_AT[world_size]
     results = classify_world_size([TENSORNET], world_size, references([TENSORNET], (system,)), systems=(system,))
     assert {(r.strategy, r.dispatch): r.outcome for r in results} == TENSORNET_EXPECTED, results
     for r in results:
-        if r.outcome == "refused":
-            assert r.detail.startswith("AtenRefusal: mlipdd aten dispatch refuses `aten::index_put.default`"), r
+        assert r.detail.startswith("AtenRefusal: mlipdd aten dispatch refuses `aten::index_put.default`"), r

@@ -80,7 +80,7 @@ def test_toy_mpnn_passes_and_summary_says_what_ran(caplog, tmp_path):
 # ---- errors become a diagnosis and a fix ---------------------------------------------------
 
 
-def test_dropped_rebind_is_exact_or_names_the_rebind_fix():
+def test_a_dropped_rebind_is_exact():
     """``x.index_add_(...)`` with its return dropped: the aten dispatch keeps an in-place op
     in place, so the model is exact."""
     report = trace_and_validate(functools.partial(ToyMPNN, cutoff=4.5, species=(18,), drop_rebind=True))
@@ -247,7 +247,7 @@ def test_owned_only_forces_toggle():
 @pytest.mark.parametrize("message, expected", [
     ("InputError: Lennard-Jones has no epsilon/sigma for atomic number(s) [18]; add them", "sample_batch"),
     ("InputError: DomainConfig.cutoff must be positive, got 0", "cutoff"),
-    ("FloatingPointError: the distributed forces contains NaN/inf.", "x = x.index_add_(...)"),
+    ("FloatingPointError: the distributed forces contains NaN/inf.", "positions.shape[0]"),
     ("no result within 60 s (hung or crashed)", "same ops"),
     ("UnknownNameError: unknown model 'nope'; known models: lj.", "mlipdd plugins"),
     ("ValueError: something odd", "fix the error above"),

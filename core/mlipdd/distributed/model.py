@@ -336,8 +336,6 @@ def _check_outputs(result: dict) -> BaseException | None:
         if value is not None and not torch.isfinite(value).all():
             return FloatingPointError(
                 f"the distributed {name} contains NaN/inf. If the single-process model is finite, "
-                "the usual cause is a dropped in-place scatter result: write "
-                "`x = x.scatter_add_(...)` / `x = x.index_add_(...)` instead of calling it for its "
-                "side effect; run mlipdd.validate.trace_and_validate to locate it"
+                "run mlipdd.validate.trace_and_validate to locate the op that differs across ranks"
             )
     return None

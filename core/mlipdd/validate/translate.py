@@ -75,19 +75,6 @@ def failure_line(failure) -> str:
     return exception_line(origin_traceback(failure.failures))
 
 
-def _dropped_rebind(message: str, ctx: Context):
-    if "DroppedScatterResultError" not in message and "was dropped" not in message:
-        return None
-    match = re.search(r"in-place `(\w+)`", message)
-    op = match.group(1) if match else "index_add_"
-    where = f" at {ctx.where}" if ctx.where else ""
-    return _pair(
-        f"the model drops the return value of an in-place `{op}`{where}; across ranks the "
-        "scatter returns a new tensor and the old accumulator is stale",
-        f"rebind: x = x.{op}(...) instead of x.{op}(...) on its own, then re-validate",
-    )
-
-
 _ATEN_REFUSAL = re.compile(r"aten dispatch refuses `([^`]+)` on distributed rows: (.*)$")
 
 
@@ -126,9 +113,8 @@ def _non_finite_output(message: str, ctx: Context):
         return None
     return _pair(
         "the distributed outputs are NaN/inf while the single-process run is finite",
-        "look for an in-place op whose result is dropped or an accumulator reused after a "
-        "scatter (write x = x.index_add_(...)); also check divisions by per-system counts "
-        "computed from len(batch) or positions.shape[0], which differ per rank",
+        "check divisions by per-system counts computed from len(batch) or positions.shape[0], "
+        "which differ per rank",
     )
 
 
@@ -243,7 +229,7 @@ def _unknown_model(message: str, ctx: Context):
     )
 
 
-PATTERNS = (_unknown_model, _unknown_strategy, _aten_refusal, _dropped_rebind, _non_finite_input, _non_finite_output,
+PATTERNS = (_unknown_model, _unknown_strategy, _aten_refusal, _non_finite_input, _non_finite_output,
             _unknown_element, _cutoff, _wrong_policy, _partition_unaware, _rows_out_of_bounds, _hang, _opaque_op)
 
 

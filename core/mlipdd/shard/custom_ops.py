@@ -115,17 +115,3 @@ def _all_gather_rows(owned: torch.Tensor, counts: tuple[int, ...], group: Any) -
     return all_to_all_rows(copies, [owned.shape[0]] * world, counts, group)
 
 
-class _AllGatherRows(torch.autograd.Function):
-    """owned rows -> every rank's owned rows; the adjoint sums each rank's gradient of
-    this rank's rows (every rank used them) back onto the owner."""
-
-    @staticmethod
-    def forward(ctx, owned, counts, group):
-        ctx.counts, ctx.group, ctx.n_owned = counts, group, owned.shape[0]
-        return _all_gather_rows(owned, counts, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        world = len(ctx.counts)
-        back = all_to_all_rows(grad.contiguous(), ctx.counts, [ctx.n_owned] * world, ctx.group)
-        return back.view(world, ctx.n_owned, *grad.shape[1:]).sum(0), None, None

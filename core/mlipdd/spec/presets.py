@@ -55,7 +55,7 @@ AIMNet2): each rank stores only its owned rows."""
 SPEC_MPNN_GP = SPEC_MPNN_HALO.replace(
     distribution=DistributionSpec(GraphPartitionPolicy()), name="mpnn_gp"
 )
-"""Node-partition graph parallel: every rank holds all positions and runs the layers on
+"""Node-partition graph partition: every rank holds all positions and runs the layers on
 its owned block of nodes. A model family adds its own adapters on top."""
 
 SPEC_LOCAL = MLIPSpec(

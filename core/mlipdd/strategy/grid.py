@@ -52,10 +52,6 @@ class RankGrid:
     def size(self) -> int:
         return self.dims[0] * self.dims[1] * self.dims[2]
 
-    def coords(self, rank: int) -> tuple[int, int, int]:
-        _, gy, gz = self.dims
-        return rank // (gy * gz), (rank // gz) % gy, rank % gz
-
     def rank_of(self, cells: torch.Tensor) -> torch.Tensor:
         """Rank of grid cells given as integer coordinates (..., 3)."""
         _, gy, gz = self.dims

@@ -222,7 +222,7 @@ class UMAWrapper(ModelWrapper):
 
     # ---- distribution ---------------------------------------------------------------
     def distribution_spec(self, strategy=None):
-        """Spatial halo by default; node-partition graph parallel for GRAPH_PARTITION."""
+        """Spatial halo by default; node-partition graph partition for GRAPH_PARTITION."""
         from mlipdd_uma.spec import uma_spec
 
         return uma_spec(strategy)

@@ -17,12 +17,6 @@ from mlipdd.shard.aten.tensor import unwrap
 aten = torch.ops.aten
 
 
-def _factor_local(x):
-    """One operand of a product with another row-aligned operand: as is, if it is the only
-    shares; else every row's value."""
-    return x._local if x._place.kind in (GHOSTED,) or not x._place.is_atoms() else as_ghosted(x)
-
-
 def _contract_rows(func, a, b, args, kwargs):
     """Both operands hold the same rows along the contracted dim: sum over them."""
     pa, pb = a._place, b._place

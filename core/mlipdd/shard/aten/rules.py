@@ -508,10 +508,6 @@ def _groups_fit(in_shape, p: Rows, group: int) -> bool:
     return p.group % group == 0  # a merged row dim split back
 
 
-def _empty_rows(ctx, p):
-    return p
-
-
 @rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 def view(func, args, kwargs):
     x = args[0]

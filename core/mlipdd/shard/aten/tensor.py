@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._pytree import tree_map
 
 from mlipdd.shard.aten import comm
 from mlipdd.shard.aten.placement import GHOSTED, OWNED, REPLICATE, SHARES, Replicate, Rows
@@ -182,10 +181,6 @@ def unwrap(x):
     return x._local if isinstance(x, ShardTensor) else x
 
 
-def unwrap_all(tree):
-    return tree_map(unwrap, tree)
-
-
 class _FromLocal(torch.autograd.Function):
     @staticmethod
     def forward(ctx, local, place, halo, origin):
@@ -296,5 +291,3 @@ def declared_atom_rows(t: torch.Tensor, like: ShardTensor, ghosts_current: bool 
 def replicated(local: torch.Tensor, halo: HaloContext, origin: str) -> ShardTensor:
     return ShardTensor(local, REPLICATE, halo, origin)
 
-
-KINDS_BY_EXCHANGE = {OWNED: "accumulate", SHARES: "zero ghosts"}

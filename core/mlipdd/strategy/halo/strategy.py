@@ -201,9 +201,6 @@ class HaloStrategy(SpatialStrategy):
         return rows_batch(node, batch, neighbors, ctx), ctx
 
 
-
-
-
 def model_inputs(batch: Batch) -> dict[str, torch.Tensor]:
     """Extra per-atom float inputs of the model (partial charges, spins, ...).
 

@@ -18,7 +18,6 @@ from mlipdd.shard.aten.placement import (
            OWNED,
            REPLICATE,
            SHARES,
-           Partial,
            Replicate,
            Rows,
 )
@@ -33,5 +32,5 @@ from mlipdd.shard.aten.tensor import (
            to_local,
 )
 
-__all__ = ["EDGES", "GHOSTED", "OWNED", "REPLICATE", "RULES", "SHARES", "AtenRefusal", "HaloContext", "Partial",
+__all__ = ["EDGES", "GHOSTED", "OWNED", "REPLICATE", "RULES", "SHARES", "AtenRefusal", "HaloContext",
            "Replicate", "Rows", "ShardTensor", "declare_row_local", "from_local", "owned_rows", "to_local"]

@@ -23,8 +23,6 @@ with the rows of a halo layout instead of even shards):
   (``batch.batch``).
 * `Replicate()`: the same value on every rank (parameters, plain tensors, a completed
   sum over the rows).
-* `Partial()`: this rank's share of a sum over ranks; a rule all-reduces it at once
-  into `Replicate` (the rules here never hand a Partial to the model).
 
 Converting between the atom kinds is a halo exchange (`mlipdd.shard.aten.comm`):
 SHARES -> OWNED sums the shares into their owners, OWNED -> GHOSTED copies owners onto
@@ -49,9 +47,6 @@ class Rows:
     group: int = 1
     values: str | None = None  # "atoms" | "systems" | None
 
-    def is_rows(self) -> bool:
-        return True
-
     def is_replicate(self) -> bool:
         return False
 
@@ -75,28 +70,11 @@ class Rows:
 
 @dataclass(frozen=True)
 class Replicate:
-    def is_rows(self) -> bool:
-        return False
-
     def is_replicate(self) -> bool:
         return True
 
     def __str__(self) -> str:
         return "Replicate()"
-
-
-@dataclass(frozen=True)
-class Partial:
-    """A per-rank share of a sum over ranks (reduced by the rule that made it)."""
-
-    def is_rows(self) -> bool:
-        return False
-
-    def is_replicate(self) -> bool:
-        return False
-
-    def __str__(self) -> str:
-        return "Partial(sum)"
 
 
 REPLICATE = Replicate()

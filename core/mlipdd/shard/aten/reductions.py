@@ -4,8 +4,8 @@
 At the aten level a sum over the rows has one spelling (``aten.sum.dim_IntList``,
 ``aten.sum.default``), however the model wrote it: ``x.sum(0)``, ``x.t().sum(1)``,
 ``x.flatten().sum()``, ``torch.einsum("ni->i", x)``. The rule sums the rows that count
-each atom or edge once (`valid_rows`), making a `Partial`, and all-reduces it at once
-into `Replicate`. Its gradient is an ``expand`` of a replicated value, uniform over
+each atom or edge once (`valid_rows`), this rank's share of the sum, and all-reduces it
+at once into `Replicate`. Its gradient is an ``expand`` of a replicated value, uniform over
 the rows, which every rule reads as rows (NOTE [aten gradients]).
 
 Means, variances and standard deviations over the rows are taken above autograd (NOTE

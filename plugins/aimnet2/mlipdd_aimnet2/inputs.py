@@ -180,8 +180,8 @@ def aimnet_inputs(batch: Batch, positions: torch.Tensor, cell: torch.Tensor, cha
 
 
 def _table_rows(t: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """A table's slot values as atom rows under the aten dispatch (NOTE [declared rows]: the
-    rows of this rank's receivers; the torch-function dispatch places them by row count)."""
+    """A table's slot values as atom rows (NOTE [declared rows]: the rows of this rank's
+    receivers)."""
     return as_atom_rows(t, positions, ghosts_current=False) if isinstance(positions, AtenRows) else t
 
 

@@ -19,7 +19,6 @@ from mlipdd.shard import is_distributed
 from mlipdd_mace.chunked import chunked_blocks, estimate_memory
 from mlipdd_mace.cueq import tensor_product_path, to_cueq, uses_cuequivariance
 from mlipdd_mace.cueq_aten import aten_kernels
-from mlipdd_mace.empty_rows import empty_rows_guard
 from mlipdd_mace.graph import cartesian_shifts, mace_inputs, one_hot_elements
 from mlipdd_mace.versions import require_mace
 
@@ -223,14 +222,13 @@ class MACEWrapper(ModelWrapper):
             chunked_blocks(self.model, self.chunk_atoms)
             if self.chunk_atoms is not None and not keep_graph else contextlib.nullcontext()
         )
-        no_rows = empty_rows_guard(self.model) if positions.shape[0] == 0 else contextlib.nullcontext()
         # cuEq kernels read raw rows: under domain decomposition each call is one adapted
         # call (NOTE [cuEq kernels under aten] in mlipdd_mace.cueq_aten)
         cueq_rows = (aten_kernels(self.model) if self.cuequivariance and is_distributed(positions)
                      else contextlib.nullcontext())
         try:
             # forces are an autograd derivative, even in no_grad
-            with torch.enable_grad(), chunking, no_rows, cueq_rows:
+            with torch.enable_grad(), chunking, cueq_rows:
                 out = self.model(
                     data,
                     training=keep_graph,

@@ -135,7 +135,6 @@ def _check_halo_backbone(self) -> None:
 
 
 # ---- message passing and per-system sums: fairchem's own code, through the aten rules
-# (the rebinding forms the torch-function dispatch needed went with it)
 
 
 # ---- forces and stress -------------------------------------------------------------------

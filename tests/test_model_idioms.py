@@ -4,7 +4,7 @@ Whole-tensor reductions over the atoms (`WholeSystemMPNN`): a single-system mode
 often written with ``q - q.mean()``, ``(q * q).sum()``, ``x.max()``, ``x.amax()`` and
 ``q @ x``, ``softmax(dim=0)``, ``std`` over all atoms. Each rank holds only some atoms, so these reduce the counted
 rows over ranks and come back replicated; their uses per atom then carry the gradient
-shares of every rank (NOTE [whole sums are replicated] in mlipdd.shard.handlers).
+shares of every rank (NOTE [aten reductions] in mlipdd.shard.aten.reductions).
 Before, a whole sum gave each rank only its own share of the gradient (forces off by
 ~1e-3 relative), and a mean or a max reduced the rank's own rows. Reductions over rows
 with no exact cross-rank rule are refused with the fix.

@@ -1,8 +1,8 @@
 """Sharded storage runs models written the ordinary way, and equals one process.
 
 The models (mlipdd.testing.ordinary_models) start per-atom state with
-``torch.zeros(n_atoms, ...)`` and read it by sender index; sharded storage infers that
-those tensors are owned rows (NOTE [row counts] in mlipdd.shard.owned_rows). One
+``torch.zeros(n_atoms, ...)`` and read it by sender index; inside the forward such a
+factory makes atom rows (NOTE [aten factories]). One
 spawned run per world size checks both models on three awkward cells, float64.
 """
 

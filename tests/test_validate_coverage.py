@@ -217,8 +217,8 @@ WRONG_MODELS = {
 
 # the strategies each wrong model is wrong under (self-loops over owned rows are exact
 # under sharded storage, which has no ghost rows)
-# NOTE [placements]: a mean or max over a flattened per-atom tensor is one over the atoms,
-# which the dispatch now reduces over ranks: no longer wrong, they must validate as exact
+# a mean or max over a flattened per-atom tensor is one over the atoms, which the dispatch
+# reduces over ranks: not wrong, they must validate as exact
 EXACT_BY_DISPATCH = ("flattened_mean", "flattened_max")
 WRONG_UNDER = {name: ("halo", "sharded") for name in WRONG_MODELS if name not in EXACT_BY_DISPATCH} | {
     "self_loops": ("halo",)}

@@ -144,17 +144,6 @@ def test_translator_knows_the_strategy(message, strategy, expected):
     assert diagnosis and expected in next_action
 
 
-def test_the_dispatch_s_own_row_error_keeps_its_creation_site():
-    message = ("mlipdd.shard.owned_rows.UninferredRowsError: index 142 is out of bounds for dimension 0 "
-               "with size 129: under sharded storage this rank holds its 129 owned atoms, and rows past "
-               "them belong to other ranks. This plain tensor of 129 rows was created at my_model.py:31 "
-               "with a plain int size, so mlipdd cannot tell that it holds atom rows and route the read. "
-               "Create it from an input so it is sharded like the inputs: torch.zeros_like(h)")
-    diagnosis, next_action = translate(message, Context(strategy="sharded"))
-    assert diagnosis.startswith("index 142") and "my_model.py:31" in diagnosis
-    assert next_action.startswith("Create it from an input so it is sharded") and "zeros_like(h)" in next_action
-
-
 def test_out_of_bounds_under_halo_is_not_blamed_on_sharded_storage():
     diagnosis, _ = translate("IndexError: index 9 is out of bounds for dimension 0 with size 3",
                              Context(strategy="halo"))

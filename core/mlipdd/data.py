@@ -112,8 +112,6 @@ class Batch:
     # ---- sizes and layout -------------------------------------------------------------
     @property
     def num_atoms(self) -> int:
-        # no int(...): under sharded storage the count remembers its row layout, so
-        # ``torch.zeros(batch.num_atoms, F)`` in a model is owned rows (mlipdd.shard.owned_rows)
         return self.node["positions"].shape[0]
 
     @property

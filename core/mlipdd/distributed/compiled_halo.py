@@ -6,7 +6,7 @@ forward on rows]).
 
 Why not compile the eager distributed forward: there the model's rows are ShardTensors,
 and dynamo cannot trace their dispatch (wrapping one as a graph input already runs an op
-the dispatch refuses, and the handlers issue collectives in Python). So the model runs on
+the dispatch refuses, and the rules issue collectives in Python). So the model runs on
 *plain* tensors, this rank's ``[owned | ghost]`` rows, and every collective stays outside
 the compiled graph:
 

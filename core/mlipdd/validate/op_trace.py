@@ -8,7 +8,7 @@ to validation:
   wrapping Warp, Triton or C++ kernels). The ShardTensor dispatch cannot see inside
   them, so a per-atom accumulation done there misses the other ranks' contributions
   unless the spec declares an ``OpAdapter``;
-* aggregations the halo handlers do not cover (``index_put_``, ``bincount``, ...),
+* aggregations without an exact cross-rank rule (``index_put_``, ``bincount``, ...),
   which a diagnosis can name when the distributed answer is wrong.
 """
 
@@ -22,7 +22,7 @@ from torch.overrides import TorchFunctionMode
 # Namespaces of torch's own decomposed ops: the dispatch understands these.
 _TORCH_NAMESPACES = frozenset({"aten", "prim", "prims"})
 
-# Ops that accumulate rows into other rows but have no halo rule in mlipdd.shard.handlers;
+# Ops that accumulate rows into other rows without an exact cross-rank rule;
 # if the distributed answer is wrong and one of these ran, it is a prime suspect.
 UNHANDLED_AGGREGATIONS = frozenset({
     "index_put", "index_put_", "put", "put_", "scatter", "scatter_", "index_reduce",

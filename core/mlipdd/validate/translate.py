@@ -164,10 +164,6 @@ def _unknown_strategy(message: str, ctx: Context):
 def _rows_out_of_bounds(message: str, ctx: Context):
     if ctx.strategy == "halo" or not re.search(r"out of bounds for dimension 0", message):
         return None
-    # the dispatch's own UninferredRowsError already names the tensor's creation site and the fix
-    explained, found, fix = message.partition(". Create it from an input")
-    if found:
-        return _pair(exception_body(explained), f"Create it from an input{fix}, then re-validate")
     where = f" at {ctx.where}" if ctx.where else ""
     return _pair(
         f"the model indexed a per-atom tensor past the rows this rank stores{where}; under "

@@ -66,7 +66,7 @@ from mlipdd.spec.transforms import (
 
 
 class AdaptedOps(TorchFunctionMode):
-    """NOTE [aten op adapters]; active around the model's forward (`AtenHaloStrategy.model_scope`)."""
+    """NOTE [aten op adapters]; active around the model's forward (`SpatialStrategy.model_scope`)."""
 
     def __init__(self, ctx):
         super().__init__()

@@ -27,8 +27,6 @@ from nvalchemiops.torch import spline as _nv_spline  # registers nvalchemiops::s
 from mlipdd_ewald_pme.coulomb import COULOMB_EV_ANGSTROM
 from mlipdd_ewald_pme.ewald import plane_spacings
 
-SPREAD_OP = "nvalchemiops::spline_spread"
-GATHER_OP = "nvalchemiops::spline_gather"
 POTENTIAL_OP = "mlipdd_ewald_pme::mesh_potential"
 assert _nv_spline is not None
 

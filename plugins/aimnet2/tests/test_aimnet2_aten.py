@@ -1,4 +1,4 @@
-"""AIMNet2 under the aten dispatch (``DomainConfig(dispatch="aten")``), halo and sharded storage.
+"""AIMNet2 under the aten dispatch, halo and sharded storage.
 
 The wrapper builds aimnet's dense neighbour tables from this rank's edges on plain local
 tensors (every edge of a receiver lives on its owner's rank) and declares them atom rows of

@@ -1,4 +1,4 @@
-"""Ewald, PME, DSF, D3 and pipelines under the aten dispatch (``DomainConfig(dispatch="aten")``).
+"""Ewald, PME, DSF, D3 and pipelines under the aten dispatch.
 
 One spawned launch per rank count (2, 3, 4 gloo ranks, float64) runs its cases against one
 process, 1e-10 relative on energy, forces and stress. Halo storage: Ewald and PME (Warp and

@@ -25,7 +25,7 @@ Each replacement falls back to the original when its input is a plain tensor (on
 rank gets plain tensors), so installing them is harmless outside halo runs.
 
 # NOTE [UMA under the aten dispatch]
-Under ``dispatch="aten"`` the rows are `mlipdd.shard.aten.ShardTensor`s, whose rules
+The rows are `mlipdd.shard.aten.ShardTensor`s, whose rules
 keep in-place scatters in place and reduce per-system sums themselves: fairchem's own
 edge -> node scatter, `reduce_node_to_system` and `balance_channels_batched` run as
 written. Three adapters stay: the graph (open boundaries on the padded rows, owned

@@ -26,6 +26,7 @@ from _common import median_time, write_results
 from mlipdd.distributed import DistributedModel, DomainConfig
 from mlipdd.neighbors import attach_neighbors
 from mlipdd.shard.aten.counted import CountedReductions
+from mlipdd.spec import HaloStoragePolicy
 from mlipdd.testing import run_ranks
 from mlipdd.testing.qeq_model import QEqModel
 from mlipdd.testing.systems import triclinic
@@ -65,7 +66,9 @@ def _ranks_worker(rank, world_size, batch, repeats):
     calls = {}
     for strategy in ("sharded", "halo"):
         model = QEqModel(cutoff=4.5, species=SPECIES)
-        dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, strategy=strategy))
+        spec = model.distribution_spec()  # QEq's spec is sharded; the same one on halo rows
+        spec = spec if strategy == "sharded" else spec.replace(policy=HaloStoragePolicy())
+        dm = DistributedModel(model, DomainConfig(cutoff=model.cutoff, strategy=strategy), spec=spec)
         owned = dm.partition(batch if rank == 0 else None)
         calls[strategy] = lambda dm=dm, owned=owned: dm(owned, compute_stress=True)
     times = {name: [] for name in calls}

@@ -146,6 +146,9 @@ s14_d)  # carry .whl_b, right after s14_c: cuEq under DD on the GPU with the ate
     S 200 python3 benchmarks/mace_cueq.py overhead --sizes 4096,27000 --machine "$machine" \
         --name mace_cueq_session14b_h200 --out-dir "$RES"
     ;;
+s14_e)  # carry .whl_b, right after s14_a2, on main with the old dispatch deleted: cuEq under DD on the GPU again
+    S 300 python3 benchmarks/cueq_dd_gpu.py --ranks 2,3 --out "$RES" --name cueq_dd_gpu_after_deletion_h200
+    ;;
 s14_b)  # carry .whl_b (cuEq torch ops): one-rank cuEq overhead (issue 23 item 2); cuEq under DD on the GPU
     S 200 python3 benchmarks/mace_cueq.py overhead --sizes 4096,27000,64000 --machine "$machine" \
         --name mace_cueq_session14_h200 --out-dir "$RES"

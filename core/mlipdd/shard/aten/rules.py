@@ -341,8 +341,9 @@ def row_local(func, args, kwargs):
 
 
 # NOTE [shares plus a replicated value]
-# Stress comes from the strain route: the strained positions are ``[owned | ghost]`` rows
-# whose ghost rows sit at their IMAGES (owner + lattice shift), and the virial is the
+# Stress comes from the strain route. Where ghost rows sit at their IMAGES (owner + lattice
+# shift: a model that builds its own graph, NOTE [ghosts as copies]; elsewhere the shift is on
+# the edges and reaches the virial through the cell), the virial is the
 # contraction of those rows with the energy's gradient by row, ghost rows included: the
 # gradient's SHARES are the partial derivatives by row (an edge's pull on a ghost image
 # belongs to that image, and its lattice shift is what the cell term of the stress needs).

@@ -20,6 +20,7 @@ import torch
 
 from mlipdd.data import Batch
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig
+from mlipdd.testing.real_packages.building import seeded_build
 
 CUTOFF = 5.0  # TensorNet's default
 ELEMENTS = ("H", "O")
@@ -37,8 +38,7 @@ class TensorNetPotential(ModelWrapper):
         from matgl.models import TensorNet
 
         self.model_config = ModelConfig(NeighborConfig(CUTOFF), extra={"atomic_numbers": (1, 8)})
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with seeded_build(seed):
             model = TensorNet(element_types=ELEMENTS, cutoff=CUTOFF, is_intensive=False, use_warp=False,
                               dtype=dtype, **SMALL)
             self.potential = Potential(model=model, data_mean=0.1, data_std=1.3, calc_stresses=True).to(dtype)

@@ -21,6 +21,7 @@ import torch
 
 from mlipdd.data import Batch
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig
+from mlipdd.testing.real_packages.building import seeded_build
 
 CUTOFF = 4.5
 TYPES = ("H", "O")
@@ -37,17 +38,13 @@ class NequIPPotential(ModelWrapper):
         from nequip.utils.global_state import set_global_state
 
         self.model_config = ModelConfig(NeighborConfig(CUTOFF), extra={"atomic_numbers": (1, 8)})
-        default = torch.get_default_dtype()
-        with torch.random.fork_rng(devices=[]):
+        with seeded_build(None):
             # nequip's entry points call this first (its builder asserts it); it seeds every RNG
             # and sets torch's default dtype to float64, which nequip's modules are built under
             # (constants made in float32 and cast lose digits); put back once built
             set_global_state()
-            try:
-                self.model = NequIPGNNModel(seed=seed, model_dtype=str(dtype).removeprefix("torch."), r_max=CUTOFF,
-                                            type_names=list(TYPES), **SMALL)
-            finally:
-                torch.set_default_dtype(default)
+            self.model = NequIPGNNModel(seed=seed, model_dtype=str(dtype).removeprefix("torch."), r_max=CUTOFF,
+                                        type_names=list(TYPES), **SMALL)
         self.model.eval()
         type_of = torch.full((119,), -1, dtype=torch.long)
         type_of[1], type_of[8] = 0, 1

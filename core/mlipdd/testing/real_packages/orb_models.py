@@ -23,6 +23,7 @@ import torch
 
 from mlipdd.data import Batch
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig
+from mlipdd.testing.real_packages.building import seeded_build
 
 CUTOFF = 6.0  # orb-v3's radius (its Bessel basis and attention envelope both end at 6 A)
 MAX_NEIGHBORS = 120  # orb-v3 "-inf"
@@ -51,8 +52,7 @@ class OrbPotential(ModelWrapper):
         self.model_config = ModelConfig(NeighborConfig(CUTOFF), extra={"atomic_numbers": (1, 8)},
                                         autograd_outputs=frozenset() if direct else frozenset({"forces", "stress"}))
         build = pretrained.orb_v3_direct_architecture if direct else pretrained.orb_v3_conservative_architecture
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with seeded_build(seed):
             self.model = build(**SMALL, device="cpu",
                                system_config=SystemConfig(radius=CUTOFF, max_num_neighbors=MAX_NEIGHBORS))
         self.model = self.model.to(dtype).eval()

@@ -16,6 +16,7 @@ import torch
 
 from mlipdd.data import Batch
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig
+from mlipdd.testing.real_packages.building import seeded_build
 
 FEATURES = 16
 N_RBF = 12
@@ -56,8 +57,7 @@ class SchnetpackPotential(ModelWrapper):
         spk = _import_schnetpack()
 
         self.model_config = ModelConfig(NeighborConfig(cutoff), extra={"atomic_numbers": (1, 8)})
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with seeded_build(seed):
             self.model = spk.model.NeuralNetworkPotential(
                 representation=_representation(kind, cutoff),
                 input_modules=[spk.atomistic.Strain(), spk.atomistic.PairwiseDistances()],

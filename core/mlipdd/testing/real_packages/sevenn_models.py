@@ -24,6 +24,7 @@ import torch
 
 from mlipdd.data import Batch
 from mlipdd.models.base import ModelConfig, ModelWrapper, NeighborConfig
+from mlipdd.testing.real_packages.building import seeded_build
 
 CUTOFF = 4.5  # sevenn's default
 SMALL = {"channel": 8, "lmax": 2, "num_convolution_layer": 2, "weight_nn_hidden_neurons": [16, 16],
@@ -72,15 +73,8 @@ class SevenNetPotential(ModelWrapper):
         from sevenn.model_build import build_E3_equivariant_model
 
         self.model_config = ModelConfig(NeighborConfig(CUTOFF), extra={"atomic_numbers": (1, 8)})
-        default = torch.get_default_dtype()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            # e3nn's generated code keeps constants of the default dtype (not buffers): build in ``dtype``
-            torch.set_default_dtype(dtype)
-            try:
-                self.model = build_E3_equivariant_model(config())
-            finally:
-                torch.set_default_dtype(default)
+        with seeded_build(seed, dtype):  # e3nn's generated code keeps constants of the default dtype
+            self.model = build_E3_equivariant_model(config())
         if dtype != torch.float32:
             key = "onehot_idx_to_onehot"
             self.model.replace_module(key, _OnehotIn(self.model._modules[key], dtype))

@@ -35,6 +35,7 @@ from mlipdd.spec import OpAdapter, ScatterOutputs
 ROW_LOCAL = OpAdapter("mlipdd_mace::cueq_row_local")
 
 
+@functools.cache
 def _fused(n_outputs: int) -> OpAdapter:
     return OpAdapter("mlipdd_mace::cueq_fused_convolution",
                      output_transforms={k: ScatterOutputs() for k in range(n_outputs)})
@@ -43,8 +44,8 @@ def _fused(n_outputs: int) -> OpAdapter:
 def adapted_polynomial(polynomial, original, inputs, input_indices=None, output_shapes=None, output_indices=None):
     """``polynomial``'s forward ``original`` as one adapted call (NOTE [cuEq kernels under aten])."""
     inputs = list(inputs)
-    keys = [sorted(d or {}) for d in (input_indices, output_shapes, output_indices)]
     dicts = [d or {} for d in (input_indices, output_shapes, output_indices)]
+    keys = [sorted(d) for d in dicts]
     flat = [*inputs, *(d[k] for d, ks in zip(dicts, keys) for k in ks)]
 
     def run(*tensors):

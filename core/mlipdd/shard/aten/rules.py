@@ -252,7 +252,7 @@ def _replicated(func, args, kwargs):
     try:
         out = run_local(func, args, kwargs)
     except (IndexError, RuntimeError, ValueError) as exc:
-        if isinstance(exc, AtenRefusal):
+        if isinstance(exc, (AtenRefusal, torch.OutOfMemoryError)):  # not a layout problem
             raise
         # NOTE [failed on replicated values]: no argument holds rows, so the op ran on this
         # rank's values as they are; torch's own error would name neither the op nor the cause

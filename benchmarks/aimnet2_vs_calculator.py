@@ -51,12 +51,12 @@ def _setup(kind, size, path, device="cpu"):
     return batch, calls
 
 
-def _best(calls: dict, repeats: int, device="cpu") -> dict:
-    """Best of ``repeats`` alternating calls: CPU seconds on the CPU, synchronised wall
+def _timings(calls: dict, repeats: int, device="cpu") -> tuple[dict, dict]:
+    """(best, median) of ``repeats`` alternating calls: CPU seconds on the CPU, synchronised wall
     seconds on a GPU (where the host's time is the call's time only with the device done)."""
     cuda = device.startswith("cuda")
     clock = time.perf_counter if cuda else time.process_time
-    best = dict.fromkeys(calls, float("inf"))
+    times = {name: [] for name in calls}
     for _ in range(repeats):
         for name, call in calls.items():
             if cuda:
@@ -65,36 +65,52 @@ def _best(calls: dict, repeats: int, device="cpu") -> dict:
             call()
             if cuda:
                 torch.cuda.synchronize()
-            best[name] = min(best[name], clock() - start)
-    return best
+            times[name].append(clock() - start)
+    return ({name: min(t) for name, t in times.items()},
+            {name: sorted(t)[len(t) // 2] for name, t in times.items()})
 
 
 def compare(kind, size, path, repeats, device="cpu") -> dict:
     batch, calls = _setup(kind, size, path, device)
     ours, theirs = calls["mlipdd_call_s"](), calls["aimnet_s"]()  # warm-up and the agreement check
     calls["mlipdd_step_s"]()
-    best = _best(calls, repeats, device)
+    best, median = _timings(calls, repeats, device)
     return {"kind": kind, "atoms": batch.num_atoms, "systems": batch.num_systems, **best,
             "aimnet_over_mlipdd_call": best["aimnet_s"] / best["mlipdd_call_s"],
-            "aimnet_over_mlipdd_step": best["aimnet_s"] / best["mlipdd_step_s"], **agreement(ours, theirs)}
+            "aimnet_over_mlipdd_step": best["aimnet_s"] / best["mlipdd_step_s"],
+            "median_aimnet_over_mlipdd_call": median["aimnet_s"] / median["mlipdd_call_s"],
+            "median_aimnet_over_mlipdd_step": median["aimnet_s"] / median["mlipdd_step_s"], **agreement(ours, theirs)}
 
 
-def profile(kind, size, path, top) -> list[dict]:
+# runtime calls that make the host wait for the device (or launch work), counted per call on a GPU
+_RUNTIME_CALLS = ("cudaLaunchKernel", "cudaStreamSynchronize", "cudaMemcpyAsync", "cudaDeviceSynchronize",
+                  "cudaEventSynchronize")
+
+
+def profile(kind, size, path, top, device="cpu") -> list[dict]:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    _, calls = _setup(kind, size, path)
+    cuda = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    _, calls = _setup(kind, size, path, device)
     rows = []
     for code, call in calls.items():
         call()
-        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        with torch_profile(activities=activities) as prof:
             call()
+            if cuda:
+                torch.cuda.synchronize()
         events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
         total = sum(e.self_cpu_time_total for e in events) / 1e6
-        rows.append({"kind": kind, "code": code.removesuffix("_s"), "op": "(all)", "self_s": total, "share": 1.0,
-                     "calls": None})
-        rows += [{"kind": kind, "code": code.removesuffix("_s"), "op": e.key[:60], "self_s": e.self_cpu_time_total / 1e6,
+        name = code.removesuffix("_s")
+        rows.append({"kind": kind, "code": name, "op": "(all)", "self_s": total, "share": 1.0, "calls": None})
+        rows += [{"kind": kind, "code": name, "op": e.key[:60], "self_s": e.self_cpu_time_total / 1e6,
                   "share": e.self_cpu_time_total / 1e6 / total, "calls": e.count} for e in events[:top]]
+        if cuda:
+            rows += [{"kind": kind, "code": name, "op": e.key, "self_s": e.self_cpu_time_total / 1e6,
+                      "share": e.self_cpu_time_total / 1e6 / total, "calls": e.count}
+                     for e in events if e.key in _RUNTIME_CALLS]
     return rows
 
 
@@ -120,7 +136,7 @@ def main(argv=None):
         for size in ([args.profile] if args.profile else [int(s) for s in args.sizes.split(",")]):
             for kind in args.kinds.split(","):
                 if args.profile:
-                    rows += profile(kind, size, path, args.top)
+                    rows += profile(kind, size, path, args.top, args.device)
                 else:
                     rows.append(compare(kind, size, path, args.repeats, args.device))
                     print(json.dumps(rows[-1]), flush=True)  # rows as they come (a long run may be cut)
@@ -130,14 +146,17 @@ def main(argv=None):
              f"{os.cpu_count()} cores (a machine shared with other jobs); {time.time() - start:.0f} s in all.")
     if args.profile:
         columns = ["kind", "code", "op", "self_s", "share", "calls"]
-        title = f"AIMNet2 one call at ~{args.profile} atoms on CPU: top operators by self CPU time (torch.profiler)"
+        title = (f"AIMNet2 one call at ~{args.profile} atoms on {args.device}: top operators by self CPU time "
+                 "(torch.profiler; on a GPU also the runtime's launches, copies and syncs)")
         notes += " One profiled call each after a warm-up; self time of an operator, its share of the call's total."
     else:
         columns = ["kind", "atoms", "systems", "aimnet_s", "mlipdd_call_s", "mlipdd_step_s", "aimnet_over_mlipdd_call",
-                   "aimnet_over_mlipdd_step", "energy diff eV", "force diff max", "force diff rel", "charge diff max"]
+                   "aimnet_over_mlipdd_step", "median_aimnet_over_mlipdd_call", "median_aimnet_over_mlipdd_step",
+                   "energy diff eV", "force diff max", "force diff rel", "charge diff max"]
         title = f"AIMNet2 at one process: mlipdd vs aimnet's calculator ({args.device})"
         clock = "synchronised wall seconds" if args.device.startswith("cuda") else "CPU seconds of the process"
-        notes += f" {clock}, best of {args.repeats} alternating calls after a warm-up."
+        notes += (f" {clock}, best of {args.repeats} alternating calls after a warm-up (the median_ columns: "
+                  "the ratio of the medians).")
     if args.name is None:
         print(markdown_table(rows, columns))
         return 0

@@ -72,12 +72,12 @@ def simple_energy(data: dict) -> torch.Tensor:
     return module.coul_simple(data)
 
 
-def check_all_pairs(data: dict, chosen: torch.Tensor, cutoff: float) -> None:
+def check_all_pairs(data: dict, chosen: torch.Tensor | None, cutoff: float) -> None:
     """Refuse an all-pairs system whose Coulomb matrix misses pairs (a molecule wider than ``cutoff``).
 
     Every atom of such a system must list all others: the row counts are summed per
     system (local rows + all_reduce under DD, so every rank sees the same sums and
-    raises together), ``chosen`` (per system, 1.0 for the all-pairs systems) picks them.
+    raises together), ``chosen`` (per system, 1.0 for the all-pairs systems; None: all) picks them.
     """
     from aimnet import nbops
 
@@ -86,7 +86,9 @@ def check_all_pairs(data: dict, chosen: torch.Tensor, cutoff: float) -> None:
     _, listed = nbops.get_ij(ones, data, suffix="_lr")
     listed = listed.masked_fill(data["mask_ij_lr"], 0.0).sum(-1)
     missing = (atoms.index_select(0, data["mol_idx"]) - 1.0 - listed)
-    missing = nbops.mol_sum(missing, data) * chosen.to(missing.dtype)
+    missing = nbops.mol_sum(missing, data)
+    if chosen is not None:
+        missing = missing * chosen.to(missing.dtype)
     if bool((missing > 0.5).any()):
         systems = torch.nonzero(missing > 0.5).flatten().tolist()
         raise InputError(

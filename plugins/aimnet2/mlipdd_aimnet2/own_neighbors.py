@@ -63,19 +63,19 @@ def _kernel_matrix(batch: Batch, wrapped, cutoff: float, lists: dict, largest: i
     return nblist(wrapped, cell, batch.pbc.to(torch.bool), system, fill_value=wrapped.shape[0])
 
 
-def _largest(batch: Batch, open_batch: bool) -> int | None:
-    if not open_batch:
-        return None
+def largest_system(batch: Batch) -> int:
+    """The atoms of the batch's largest system (one read of the device)."""
     return int(torch.bincount(batch.batch).max()) if batch.num_atoms else 1
 
 
-def aimnet_kernel_matrices(batch: Batch, cutoffs: dict[str, float], lists: dict, open_batch: bool | None = None):
+def aimnet_kernel_matrices(batch: Batch, cutoffs: dict[str, float], lists: dict, open_batch: bool | None = None,
+                           largest: int | None = None):
     """(matrices, images): aimnet's matrices straight from the kernel, one per ``{suffix:
     cutoff}`` (index, unit shifts, pad; padded slots point at the row itself), with no COO
     list in between, and each atom's image: the shifts hold for the positions moved into
     their cell, ``positions - images @ cell`` (as aimnet's calculator moves them). None
     where the kernel does not apply (see `_wrapped`). ``open_batch``: no system periodic (None:
-    read from ``batch.pbc``)."""
+    read from ``batch.pbc``). ``largest``: `largest_system` of an open batch, if known."""
     from mlipdd_aimnet2.inputs import NeighborMatrix
 
     open_batch = _is_open(batch) if open_batch is None else open_batch
@@ -84,7 +84,10 @@ def aimnet_kernel_matrices(batch: Batch, cutoffs: dict[str, float], lists: dict,
         return None
     wrapped, image = found
     rows = torch.arange(wrapped.shape[0], device=wrapped.device).unsqueeze(1)
-    largest = _largest(batch, open_batch)  # once for both cutoffs (a read of the device)
+    if open_batch and largest is None:
+        largest = largest_system(batch)  # once for both cutoffs (a read of the device)
+    elif not open_batch:
+        largest = None
     matrices = {}
     for suffix, cutoff in cutoffs.items():
         matrix, counts, shifts = _kernel_matrix(batch, wrapped, cutoff, lists, largest)
@@ -104,7 +107,7 @@ def aimnet_kernel_neighbors(batch: Batch, cutoff: float, lists: dict,
         return None
     wrapped, image = found
     n = wrapped.shape[0]
-    matrix, counts, shifts = _kernel_matrix(batch, wrapped, cutoff, lists, _largest(batch, open_batch))
+    matrix, counts, shifts = _kernel_matrix(batch, wrapped, cutoff, lists, largest_system(batch) if open_batch else None)
     slots = torch.arange(matrix.shape[1], device=matrix.device).unsqueeze(0) < counts.unsqueeze(1)
     receiver = torch.arange(n, device=matrix.device).unsqueeze(1).expand_as(matrix)[slots]
     sender = matrix[slots].to(torch.long)

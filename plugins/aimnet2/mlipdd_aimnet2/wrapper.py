@@ -11,7 +11,6 @@ include the response of the charges (as aimnet's own forces do).
 
 from __future__ import annotations
 
-import weakref
 from pathlib import Path
 
 import torch
@@ -28,8 +27,13 @@ from mlipdd_aimnet2.coulomb import (
     simple_energy,
 )
 from mlipdd_aimnet2.ewald import check_fully_periodic, ewald_energy, splitting
+from mlipdd_aimnet2.host_reads import HostReads
 from mlipdd_aimnet2.inputs import ListMatrices, aimnet_inputs, explicit_convolution_rows
-from mlipdd_aimnet2.own_neighbors import aimnet_kernel_matrices, aimnet_kernel_neighbors
+from mlipdd_aimnet2.own_neighbors import (
+    aimnet_kernel_matrices,
+    aimnet_kernel_neighbors,
+    largest_system,
+)
 from mlipdd_aimnet2.versions import require_aimnet
 
 # Output modules whose work is per atom, per neighbour-matrix row or a per-system sum.
@@ -129,7 +133,7 @@ class AIMNet2Wrapper(ModelWrapper):
         self.charge = float(charge)
         self._kernel_lists = {}  # cutoff -> aimnet's AdaptiveNeighborList (`own_neighbors`)
         self._list_matrices = ListMatrices()  # NOTE [matrices while the list holds]
-        self._pbc_memo = None  # (pbc tensor, its version, on the host): `_periodic`
+        self._host = HostReads()  # host values of device tensors, read once while they are unchanged
         self.short_cutoff = float(model.aev.rc_s)
         if species is None:
             from aimnet.models.utils import extract_species
@@ -187,13 +191,7 @@ class AIMNet2Wrapper(ModelWrapper):
     def _periodic(self, batch: Batch) -> list[list[bool]]:
         """``batch.pbc`` on the host, read once per pbc tensor (a GPU batch's every read of it
         waits for the device: this call reads it once, and dynamics never again)."""
-        pbc = batch.pbc
-        if torch.compiler.is_compiling():  # no Python state inside a trace
-            return pbc.bool().tolist()
-        memo = self._pbc_memo
-        if memo is None or memo[0]() is not pbc or memo[1] != pbc._version:
-            memo = self._pbc_memo = (weakref.ref(pbc), pbc._version, pbc.bool().tolist())
-        return memo[2]
+        return self._host.get("pbc", (batch.pbc,), lambda: batch.pbc.bool().tolist())
 
     def check_input(self, batch: Batch) -> None:
         if batch.dtype != self.dtype:
@@ -202,26 +200,40 @@ class AIMNet2Wrapper(ModelWrapper):
                 f"batch.to(dtype={self.dtype}) or wrap model.to({batch.dtype})"
             )
         z = batch.atomic_numbers
-        supported = self._supported[z.clamp(0, 127)] & (z < 128)
-        charge = self.total_charge(batch)
-        off = (charge - torch.round(charge)).abs() > 1e-6
-        if type(supported) is torch.Tensor:  # one process: one read of the device for both
-            species_ok, charges_ok = torch.stack([supported.all(), ~off.any()]).tolist()
-        else:  # DD: each a reduced value of the dispatch (every rank gets the same answer)
+
+        def masks():  # (atoms of a supported element, systems whose total charge is not whole)
+            charge = self.total_charge(batch)
+            return self._supported[z.clamp(0, 127)] & (z < 128), (charge - torch.round(charge)).abs() > 1e-6
+
+        if type(z) is torch.Tensor:
+            # one process: one read of the device for both, none again while the numbers and the
+            # charges are the same tensors, unchanged (dynamics); the wrapper's own charge (no
+            # batch.charge) is a plain number
+            keys = (z,) if batch.charge is None else (z, batch.charge)
+            def verdicts():
+                supported, off = masks()
+                return torch.stack([supported.all(), ~off.any()]).tolist()
+
+            species_ok, charges_ok = self._host.get("species and charges", keys, verdicts, also=(self.charge,))
+        else:  # DD: each a reduced value of the dispatch (every rank gets the same answer; never
+            # memoised: one rank skipping the reduction another takes would hang both)
+            supported, off = masks()
             species_ok, charges_ok = bool(supported.all()), not bool(off.any())
         if not species_ok:
             # the distinct unsupported numbers (0 for the supported atoms, no element): a union over
             # ranks under DD (torch.unique of rows), where a mask read z[~supported] is rows of one rank
+            supported, _ = masks()
             bad = sorted({int(v) for v in torch.unique(torch.where(supported, 0, z)).tolist()} - {0})
             raise InputError(
                 f"AIMNet2 was not trained on atomic number(s) {bad}; it covers {list(self.species)}: "
                 "remove those atoms or use a model trained on them"
             )
         if not charges_ok:
+            _, off = masks()
             raise InputError(
-                f"total charge {charge[off].tolist()} of system(s) {torch.nonzero(off).flatten().tolist()} "
-                "is not an integer; AIMNet2 distributes an integer number of electrons: set the "
-                "batch's system property 'charge' to whole numbers"
+                f"total charge {self.total_charge(batch)[off].tolist()} of system(s) "
+                f"{torch.nonzero(off).flatten().tolist()} is not an integer; AIMNet2 distributes an integer "
+                "number of electrons: set the batch's system property 'charge' to whole numbers"
             )
         periodic = self._periodic(batch)
         if self.coulomb_methods["periodic"] == "simple" and any(any(row) for row in periodic):
@@ -311,7 +323,10 @@ class AIMNet2Wrapper(ModelWrapper):
             return None
         cutoffs = {"": self.short_cutoff, **({"_lr": long_cutoff} if long_cutoff is not None else {})}
         open_batch = not any(any(row) for row in self._periodic(batch))
-        return aimnet_kernel_matrices(batch, cutoffs, self._kernel_lists, open_batch)
+        largest = None
+        if open_batch:  # the atoms of the largest system (sizes the kernel's all-pairs matrix)
+            largest = self._host.get("largest system", (batch.batch,), lambda: largest_system(batch))
+        return aimnet_kernel_matrices(batch, cutoffs, self._kernel_lists, open_batch, largest)
 
     def _energy(self, batch: Batch, positions, cell, charge, matrices=None,
                 dsf_kernel: bool = False) -> tuple[torch.Tensor, dict]:
@@ -327,21 +342,24 @@ class AIMNet2Wrapper(ModelWrapper):
         for method, term in (("dsf", self._dsf_energy), ("simple", simple_energy), ("ewald", None)):
             if method not in methods:  # decided on the host: no device round trip per method
                 continue
-            chosen = torch.tensor([m == method for m in methods], dtype=torch.float64, device=positions.device)
+            # a batch of one method needs no mask (building one from the host waits for the device)
+            chosen = (None if len(set(methods)) == 1 else
+                      torch.tensor([m == method for m in methods], dtype=torch.float64, device=positions.device))
             if method == "simple":
                 check_all_pairs(data, chosen, self.method_cutoffs["simple"])
             if method == "dsf" and dsf_kernel:
                 dsf, forces = dsf_energy_and_forces(data, self.dsf_alpha, self.method_cutoffs["dsf"], cell)
-                if len(set(methods)) == 1:  # every system: no mask (no extra launches)
+                if chosen is None:  # every system: no mask (no extra launches)
                     energy, data["_dsf_forces"] = energy + dsf, forces
                 else:  # a pair's two atoms are in one system: its force is its system's
                     energy = energy + dsf * chosen
                     data["_dsf_forces"] = forces * chosen.to(forces.dtype).index_select(0, batch.batch).unsqueeze(1)
             elif method == "ewald":
-                energy = energy + ewald_energy(data, batch, positions, cell, chosen, self.ewald_alpha,
+                on = torch.ones_like(energy) if chosen is None else chosen
+                energy = energy + ewald_energy(data, batch, positions, cell, on, self.ewald_alpha,
                                                self.ewald_k_cutoff, self.method_cutoffs["ewald"])
             else:
-                energy = energy + term(data) * chosen
+                energy = energy + (term(data) if chosen is None else term(data) * chosen)
         return energy, data
 
     def _dsf_energy(self, data: dict) -> torch.Tensor:

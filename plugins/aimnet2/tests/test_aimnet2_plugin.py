@@ -58,6 +58,31 @@ def test_specs_leave_one_process_results_unchanged(model):
         wrapper.distribution_spec(StrategyKind.GRAPH_PARTITION)
 
 
+def test_checks_read_once_still_see_every_change(model):
+    """The species and charge checks are read from the device once while the same tensors hold
+    (`HostReads`); an element or charge written in place, or a new charge tensor, is checked again."""
+    wrapper = AIMNet2Wrapper(model, dispersion=False, dsf_cutoff=DSF_CUTOFF)
+    batch = triclinic_crystal()
+    batch.node["atomic_numbers"] = batch.atomic_numbers.clone()
+    wrapper(batch)
+    wrapper(batch)  # the memo's hit
+    batch.atomic_numbers[0] = 92  # in place: the tensor's version moves
+    with pytest.raises(InputError, match=r"not trained on atomic number\(s\) \[92\]"):
+        wrapper(batch)
+    batch.atomic_numbers[0] = 1
+    wrapper(batch)
+    batch.system["charge"] = torch.tensor([0.0], dtype=torch.float64)
+    wrapper(batch)
+    batch.system["charge"] = torch.tensor([0.5], dtype=torch.float64)  # a new tensor
+    with pytest.raises(InputError, match="not an integer"):
+        wrapper(batch)
+    batch.system["charge"][0] = 1.0
+    wrapper(batch)
+    batch.system["charge"][0] = -0.5
+    with pytest.raises(InputError, match="not an integer"):
+        wrapper(batch)
+
+
 def test_bad_input_is_refused_with_the_fix(model):
     wrapper = AIMNet2Wrapper(model, dispersion=False, dsf_cutoff=DSF_CUTOFF)
     crystal = triclinic_crystal()

@@ -5,8 +5,10 @@
 
 ``overhead``: one energy + forces call of the bare cuEq model (mace's own
 `convert_e3nn_cueq`) on its input dict, against `DistributedModel(MACEWrapper(model))` at
-one rank (input building, Verlet-list trimming and checks included), alternating A/B/A/B
-so that drift of the GPU clock falls on both; the faster of each pair of medians counts.
+one rank (input building, Verlet-list trimming and checks included). Where both fit on the GPU
+at once (``--interleave-below`` atoms) the two calls alternate call by call, ``--repeats`` each,
+three times over (medians; the smallest of the three counts, and each run's overhead is listed);
+above it, blocks A/B/A/B, so that drift of the GPU clock falls on both.
 ``chunked``: `MACEWrapper(model, chunk_atoms=...)` under `DistributedModel`, each size and
 chunk in its own process (an out-of-memory stops only that row), with the wrapper's memory
 estimate next to the measured peak, and the time per atom over bare cuEq's at
@@ -23,8 +25,10 @@ import gc
 import json
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
+import time
 
 _HERE = pathlib.Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != _HERE] + [str(_HERE)]
@@ -72,23 +76,49 @@ def ms(call, repeats):
     return 1e3 * median_time(call, repeats=repeats, warmup=2, sync=torch.cuda.synchronize)
 
 
+def interleaved_ms(calls: dict, repeats: int) -> dict:
+    """Median ms of each call, the calls taken in turn (A, B, A, B, ...) so that drift of the GPU
+    clock and of the host's load falls on all of them alike."""
+    for call in calls.values():
+        call(), call()
+    times = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            call()
+            torch.cuda.synchronize()
+            times[name].append(1e3 * (time.perf_counter() - start))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def overhead(args):
     raw = cueq_model()
     rows = []
     for n in args.sizes:
-        repeats = 12 if n < 50_000 else 6
-        times = {"bare": [], "dm": []}
-        for name in ("bare", "dm", "bare", "dm"):
+        if n <= args.interleave_below:  # both fit at once: call by call
             _free()
-            call = bare_call(raw, n) if name == "bare" else dm_call(raw, n)
-            times[name].append(ms(call, repeats))
-            del call
+            runs = [interleaved_ms({"bare": bare_call(raw, n), "dm": dm_call(raw, n)}, args.repeats)
+                    for _ in range(3)]
+            times = {name: [r[name] for r in runs] for name in ("bare", "dm")}
+            how = f"interleaved, 3 x {args.repeats}"
+        else:  # one at a time (64k: the bare model alone takes 112 GiB): blocks A/B/A/B
+            times = {"bare": [], "dm": []}
+            for name in ("bare", "dm", "bare", "dm"):
+                _free()
+                call = bare_call(raw, n) if name == "bare" else dm_call(raw, n)
+                times[name].append(ms(call, 12 if n < 50_000 else 6))
+                del call
+            how = "blocks A/B/A/B"
         bare, dm = min(times["bare"]), min(times["dm"])
+        ratios = [d / b - 1 for b, d in zip(times["bare"], times["dm"])]
         rows.append({"atoms": n, "bare_ms": bare, "mlipdd_ms": dm, "overhead_pct": 100 * (dm / bare - 1),
+                     "overhead_pct_per_run": [round(100 * r, 2) for r in ratios], "how": how,
                      "bare_runs": [round(t, 2) for t in times["bare"]], "mlipdd_runs": [round(t, 2) for t in times["dm"]]})
         print(rows[-1], flush=True)
     table = write_results(f"{args.name}_overhead", "cuEq MACE: mlipdd at one rank against the bare model", rows,
-                          ["atoms", "bare_ms", "mlipdd_ms", "overhead_pct", "bare_runs", "mlipdd_runs"],
+                          ["atoms", "bare_ms", "mlipdd_ms", "overhead_pct", "overhead_pct_per_run", "how",
+                           "bare_runs", "mlipdd_runs"],
                           notes=f"{args.machine}\n\n{__doc__.split('``overhead``')[1].split('``chunked``')[0].strip()}",
                           out_dir=args.out_dir)
     print(table)
@@ -148,6 +178,8 @@ def main():
     p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[4096, 27000, 64000])
     p.add_argument("--chunks", type=lambda s: [int(x) for x in s.split(",")], default=[16384, 32768])
     p.add_argument("--reference-atoms", type=int, default=64000)
+    p.add_argument("--repeats", type=int, default=40, help="overhead: calls of each per interleaved run")
+    p.add_argument("--interleave-below", type=int, default=30_000, help="overhead: sizes run call by call")
     p.add_argument("--machine", default="")
     p.add_argument("--name", default="mace_cueq")
     p.add_argument("--out-dir", type=pathlib.Path, default=RESULTS)

@@ -135,6 +135,21 @@ def _cached_one_hot(atomic_numbers, model_elements, dtype, cache: dict | None):
     return one_hot
 
 
+def _cached_ptr(batch: Batch, cache: dict | None) -> torch.Tensor:
+    """``batch.ptr`` (system boundaries), kept while the system index is the same tensor,
+    unchanged: on a GPU its bincount waits for the device. Plain tensors only: under domain
+    decomposition every rank must take the same collectives, so nothing rank-local is cached."""
+    system_of_atom = batch.batch
+    if cache is None or type(system_of_atom) is not torch.Tensor or capturing(system_of_atom):
+        return batch.ptr
+    key = (system_of_atom._version, batch.num_systems)
+    if cache.get("system_of_atom") is system_of_atom and cache.get("ptr_key") == key:
+        return cache["ptr"]
+    ptr = batch.ptr
+    cache.update(system_of_atom=system_of_atom, ptr_key=key, ptr=ptr)
+    return ptr
+
+
 def mace_inputs(
     batch: Batch, model_elements: torch.Tensor, cutoff: float, dtype: torch.dtype, head: int = 0,
     cache: dict | None = None,
@@ -168,6 +183,6 @@ def mace_inputs(
         "shifts": cartesian_shifts(unit_shifts, cell, system_of_atom[edge_index[0]]),
         "cell": cell,
         "batch": system_of_atom,
-        "ptr": batch.ptr,
+        "ptr": _cached_ptr(batch, cache),
         "head": torch.full((num_systems,), head, dtype=torch.long, device=positions.device),
     }

@@ -1,6 +1,6 @@
 """cuEquivariance MACE under domain decomposition on ONE GPU equals one cuEq process (issue 23 item 1).
 
-    python benchmarks/cueq_dd_gpu.py [--ranks 2,3] [--out DIR] [--name cueq_dd_gpu]
+    python benchmarks/cueq_dd_gpu.py [--ranks 2,3] [--out DIR] [--name cueq_dd_gpu] [--chunk-atoms 8]
 
 Gloo ranks share the GPU; each builds the small cuEq MACE (`SMALL_CUEQ_ARCH`, mace's converter
 on CUDA: fused convolutions, cuEq's CUDA kernels) and runs it under halo and sharded storage on
@@ -35,10 +35,13 @@ def main() -> None:
     p.add_argument("--out", type=pathlib.Path, default=RESULTS)
     p.add_argument("--name", default="cueq_dd_gpu")
     p.add_argument("--device", default="cuda", help="cpu: the same on cuEq's torch reference kernels")
+    p.add_argument("--chunk-atoms", type=int, default=None,
+                   help="chunked cuEq (MACEWrapper(chunk_atoms=N)) on both sides: small N, several chunks a rank")
     args = p.parse_args()
     rows = []
     for dtype in (torch.float64, torch.float32):
-        factory = functools.partial(cueq_mace_wrapper, device=args.device, **{**SMALL_CUEQ_ARCH, "dtype": dtype})
+        factory = functools.partial(cueq_mace_wrapper, device=args.device, chunk_atoms=args.chunk_atoms,
+                                    **{**SMALL_CUEQ_ARCH, "dtype": dtype})
         cases, names = [], []
         for system, batch in small_cueq_systems().items():
             for strategy in ("halo", "sharded"):
@@ -56,7 +59,8 @@ def main() -> None:
     (args.out / f"{args.name}.json").write_text(json.dumps({"machine": info, "rows": rows}, indent=1))
     lines = ["# cuEq MACE under DD on one GPU (gloo ranks sharing it) vs one cuEq process\n",
              (f"Machine: {info}. Small cuEq MACE (SMALL_CUEQ_ARCH), mace's converter on CUDA (fused "
-              "convolutions). Relative difference; tolerance 1e-10 (float64), 5e-5 (float32).\n"),
+              "convolutions)" + (f", chunked: chunk_atoms={args.chunk_atoms} on both sides" if args.chunk_atoms else "")
+              + ". Relative difference; tolerance 1e-10 (float64), 5e-5 (float32).\n"),
              "| ranks | dtype | strategy | system | energy | forces | stress | ok |", "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['ranks']} | {r['dtype']} | {r['strategy']} | {r['system']} | {r['energy']:.1e} | "
               f"{r['forces']:.1e} | {r['stress']:.1e} | {'yes' if r['ok'] else 'NO'} |" for r in rows]

@@ -10,7 +10,7 @@
 #   bash benchmarks/gpu_h200_session.sh d3        # D3 at 10k/100k (benchmarks/d3_memory.py; no Warp needed)
 #   bash benchmarks/gpu_h200_session.sh d3_1M     # D3 at 1M
 #   bash benchmarks/gpu_h200_session.sh longrange # PME 1M: 1 process, distributed mesh 1/2 gloo ranks, torch-pme; AIMNet2
-# Session 14: s14_a then s14_b, back to back.
+# Session 14: s14_a then s14_b, back to back. Session 15: s15_a .. s15_e, back to back (carry in each).
 # Session 11: four calls back to back (s11_a .. s11_d; carry in the comment of each). Their results
 # go to /tmp/res and come back as one $OUT/results_<stage>.tgz, re-packed after every row, since
 # at most 8 files come back from $OUT.
@@ -153,6 +153,30 @@ s14_b)  # carry .whl_b (cuEq torch ops): one-rank cuEq overhead (issue 23 item 2
     S 200 python3 benchmarks/mace_cueq.py overhead --sizes 4096,27000,64000 --machine "$machine" \
         --name mace_cueq_session14_h200 --out-dir "$RES"
     S 240 python3 benchmarks/cueq_dd_gpu.py --ranks 2,3 --out "$RES" --name cueq_dd_gpu_session14_h200
+    ;;
+s15_a)  # carry .whl_a (a fresh machine): the CUDA tests and compiled CUDA force calls
+    export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_cache
+    S 330 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_cuda_graph.py \
+        plugins/mace/tests/test_cuda_graph_mace.py tests/test_lj.py::test_cuda_equals_ase tests/test_compile.py -k cuda
+    ;;
+s15_b)  # carry .whl_b, right after s15_a: one-rank cuEq overhead interleaved call by call (issue 23 item 2); cuEq DD
+    S 300 python3 benchmarks/mace_cueq.py overhead --sizes 4096,27000,64000 --repeats 40 --machine "$machine" \
+        --name mace_cueq_session15_h200 --out-dir "$RES"
+    S 200 python3 benchmarks/cueq_dd_gpu.py --ranks 2,3 --out "$RES" --name cueq_dd_gpu_session15_h200
+    ;;
+s15_c)  # carry .whl_w1 (warp part 1, aimnet, nvalchemiops): chunked cuEq under DD on the GPU's kernels
+    S 300 python3 benchmarks/cueq_dd_gpu.py --ranks 2,3 --chunk-atoms 8 --out "$RES" --name cueq_dd_gpu_chunked_h200
+    ;;
+s15_d)  # carry .whl_w2: where a 4k cuEq call's host time goes, bare and mlipdd
+    S 200 python3 benchmarks/mace_cueq_profile.py --atoms 4096 --kinds bare,mlipdd --machine "$machine" \
+        --out-dir "$RES" --name mace_cueq_profile_session15_h200
+    ;;
+s15_e)  # carry .whl_w3: warp whole; AIMNet2 vs aimnet's calculator on the GPU (issue 26 item 8), medians; profile
+    warp_whole
+    S 330 python3 benchmarks/aimnet2_vs_calculator.py --device cuda --threads 16 --repeats 15 \
+        --label "$machine." --name aimnet2_vs_calculator_session15_h200 --out "$RES"
+    S 120 python3 benchmarks/aimnet2_vs_calculator.py --device cuda --threads 16 --profile 1000 \
+        --kinds molecules,molecule --top 12 --label "$machine." --name aimnet2_profile_session15_h200 --out "$RES"
     ;;
 esac
 ls -l "$OUT"

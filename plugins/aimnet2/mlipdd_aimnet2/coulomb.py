@@ -72,23 +72,25 @@ def simple_energy(data: dict) -> torch.Tensor:
     return module.coul_simple(data)
 
 
-def check_all_pairs(data: dict, chosen: torch.Tensor | None, cutoff: float) -> None:
-    """Refuse an all-pairs system whose Coulomb matrix misses pairs (a molecule wider than ``cutoff``).
+def missing_pairs(data: dict, chosen: torch.Tensor | None) -> torch.Tensor:
+    """Per system, how many (atom, other atom) pairs of an all-pairs system its Coulomb matrix
+    misses (a molecule wider than the cutoff); `check_all_pairs` refuses any.
 
     Every atom of such a system must list all others: the row counts are summed per
     system (local rows + all_reduce under DD, so every rank sees the same sums and
     raises together), ``chosen`` (per system, 1.0 for the all-pairs systems; None: all) picks them.
+    A tensor, not yet read on the host: the caller reads it after the backward is queued.
     """
     from aimnet import nbops
 
-    ones = torch.ones_like(data["charges"])
-    atoms = nbops.mol_sum(ones, data)
-    _, listed = nbops.get_ij(ones, data, suffix="_lr")
-    listed = listed.masked_fill(data["mask_ij_lr"], 0.0).sum(-1)
-    missing = (atoms.index_select(0, data["mol_idx"]) - 1.0 - listed)
-    missing = nbops.mol_sum(missing, data)
-    if chosen is not None:
-        missing = missing * chosen.to(missing.dtype)
+    atoms = nbops.mol_sum(torch.ones_like(data["charges"]), data)
+    listed = (~data["mask_ij_lr"]).sum(-1).to(atoms.dtype)  # the slots that hold a neighbour
+    missing = nbops.mol_sum(atoms.index_select(0, data["mol_idx"]) - 1.0 - listed, data)
+    return missing if chosen is None else missing * chosen.to(missing.dtype)
+
+
+def check_all_pairs(missing: torch.Tensor, cutoff: float) -> None:
+    """Refuse an all-pairs system whose Coulomb matrix misses pairs (`missing_pairs`)."""
     if bool((missing > 0.5).any()):
         systems = torch.nonzero(missing > 0.5).flatten().tolist()
         raise InputError(

@@ -24,6 +24,7 @@ from mlipdd_aimnet2.coulomb import (
     coulomb_per_kind,
     dsf_energy,
     dsf_energy_and_forces,
+    missing_pairs,
     simple_energy,
 )
 from mlipdd_aimnet2.ewald import check_fully_periodic, ewald_energy, splitting
@@ -292,6 +293,8 @@ class AIMNet2Wrapper(ModelWrapper):
                       and OWNED_ROWS not in batch.node)
             energy, data = self._energy(batch, pos_used, cell, charge, matrices, dsf_kernel=kernel)
             grads = torch.autograd.grad(energy.sum(), inputs)
+        if "_missing_pairs" in data:  # computed with the energy; no output leaves with pairs missing
+            check_all_pairs(data["_missing_pairs"], self.method_cutoffs["simple"])
         # the energy stays float64 (a float32 total of ~1e5 eV rounds by ~1e-2 eV); forces,
         # stress and charges are in the batch's dtype
         out = {
@@ -346,7 +349,9 @@ class AIMNet2Wrapper(ModelWrapper):
             chosen = (None if len(set(methods)) == 1 else
                       torch.tensor([m == method for m in methods], dtype=torch.float64, device=positions.device))
             if method == "simple":
-                check_all_pairs(data, chosen, self.method_cutoffs["simple"])
+                # read after the backward is queued (`forward`): a read here would stall the host
+                # between the forward's kernels and the backward's
+                data["_missing_pairs"] = missing_pairs(data, chosen)
             if method == "dsf" and dsf_kernel:
                 dsf, forces = dsf_energy_and_forces(data, self.dsf_alpha, self.method_cutoffs["dsf"], cell)
                 if chosen is None:  # every system: no mask (no extra launches)

@@ -73,7 +73,8 @@ def aimnet_kernel_matrices(batch: Batch, cutoffs: dict[str, float], lists: dict,
     """(matrices, images): aimnet's matrices straight from the kernel, one per ``{suffix:
     cutoff}`` (index, unit shifts, pad; padded slots point at the row itself), with no COO
     list in between, and each atom's image: the shifts hold for the positions moved into
-    their cell, ``positions - images @ cell`` (as aimnet's calculator moves them). None
+    their cell, ``positions - images @ cell`` (as aimnet's calculator moves them; None for an
+    open batch, which stays where it is). None
     where the kernel does not apply (see `_wrapped`). ``open_batch``: no system periodic (None:
     read from ``batch.pbc``). ``largest``: `largest_system` of an open batch, if known."""
     from mlipdd_aimnet2.inputs import NeighborMatrix
@@ -94,7 +95,8 @@ def aimnet_kernel_matrices(batch: Batch, cutoffs: dict[str, float], lists: dict,
         pad = torch.arange(matrix.shape[1], device=matrix.device).unsqueeze(0) >= counts.unsqueeze(1)
         index = torch.where(pad, rows, matrix.to(torch.long))
         matrices[suffix] = NeighborMatrix(index, shifts.to(wrapped.dtype), pad)
-    return matrices, image
+    # an open batch is not moved (images zero): no shift for the inputs to subtract
+    return matrices, (None if open_batch else image)
 
 
 def aimnet_kernel_neighbors(batch: Batch, cutoff: float, lists: dict,

@@ -48,7 +48,10 @@ def gp_generate_graph(original, self, data_dict):
         graph["edge_index"], graph["edge_distance"], graph["edge_distance_vec"]
     )
     graph = {**graph, "edge_index": edge_index, "edge_distance": distance, "edge_distance_vec": vec}
-    if edge_index.shape[1] == 0:  # as fairchem does, but on an atom this rank owns
+    # an edgeless rank: fairchem pads the graph with one fake edge on an atom this rank owns;
+    # under the aten dispatch its edge rows stay empty (the rules take zero rows, and the cat
+    # of a plain fake edge onto distributed edge rows is refused)
+    if edge_index.shape[1] == 0 and not _is_aten(edge_index):
         add_n_empty_edges(graph, 1, self.cutoff, fake_atom_idx=p.start)
     data_dict["scatter_target"] = local_receivers(graph["edge_index"][1])
     data_dict["atomic_numbers"] = owned_rows(data_dict["atomic_numbers_full"])

@@ -46,3 +46,27 @@ def test_mole_aten_graph_partition_matches_single_process(world_size):
     for name, (result, _) in zip(systems, check_conformance_cases(cases, world_size, timeout=600.0)):
         for key, limit in mole_limits(systems[name]).items():
             assert result.rel_diff[key] < limit, f"{name} {key}: {result.rel_diff[key]:.2e} >= {limit:.2e}"
+
+
+def _cluster_and_lone_atoms():
+    """A 3-atom cluster and three atoms farther than the cutoff from everything, in a 30 A
+    cell: under graph partition the ranks owning only lone atoms keep no edge at all."""
+    import torch
+    from mlipdd.data import AtomicData, Batch
+
+    positions = torch.tensor([[5.0, 5.0, 5.0], [6.1, 5.0, 5.0], [5.0, 6.0, 5.2],
+                              [15.0, 15.0, 15.0], [22.0, 22.0, 8.0], [8.0, 22.0, 22.0]])
+    data = AtomicData(positions=positions, atomic_numbers=torch.tensor([6, 1, 8, 1, 8, 6]),
+                      cell=torch.eye(3) * 30.0, pbc=True, dtype=torch.float32)
+    return Batch.from_data_list([data])
+
+
+@pytest.mark.mlipdd_conformance(world_sizes=(2, 3))
+def test_a_rank_without_edges_matches_single_process(world_size):
+    """fairchem pads an edgeless graph with a fake edge (`add_n_empty_edges`, a cat the aten
+    dispatch refuses); under the aten dispatch an edgeless rank runs on its zero edge rows."""
+    batch = _cluster_and_lone_atoms()
+    ((result, _),) = check_conformance_cases([(FACTORY, batch, {"strategy": "graph_partition"})], world_size,
+                                             timeout=600.0)
+    result.assert_close(**{k: FLOOR for k in ("energy", "forces", "stress")})
+    assert float(result.reference["forces"][:3].abs().max()) > 1e-3  # the cluster's forces are real

@@ -23,8 +23,6 @@ mix UMA with other models) and must see each output exactly once.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from mlipdd.shard.graph_partition import (
     current_partition,
@@ -34,6 +32,8 @@ from mlipdd.shard.graph_partition import (
     owned_rows,
     sum_over_ranks,
 )
+
+from mlipdd_uma.wigner import per_edge_wigner
 
 
 def gp_generate_graph(original, self, data_dict):
@@ -94,13 +94,9 @@ def gp_balance_channels(original, emb, target, natoms, batch, start_idx, end_idx
     return out
 
 
-def gp_wigner(original, edge_distance_vecs, *args, gamma=None, **kwargs):
-    """`axis_angle_wigner_hybrid` with fairchem's random roll angle per edge drawn like the
-    edges (``rand_like``), not from their count (``torch.rand(n_edges)``): the same draw, but
-    the aten dispatch sees one number per edge row (a plain tensor per row is refused)."""
-    if gamma is None and current_partition() is not None:
-        gamma = torch.rand_like(edge_distance_vecs[:, 0]) * (2 * math.pi)
-    return original(edge_distance_vecs, *args, gamma=gamma, **kwargs)
+def gp_wigner(original, edge_distance_vecs, *args, **kwargs):
+    """`axis_angle_wigner_hybrid` as one row-local call under DD (`mlipdd_uma.wigner`)."""
+    return per_edge_wigner(original, edge_distance_vecs, *args, **kwargs)
 
 
 # NOTE [MoLE under the aten dispatch]

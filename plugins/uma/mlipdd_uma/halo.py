@@ -38,12 +38,12 @@ and all-reduced: the total virial, replicated (the aten consolidation takes it a
 
 from __future__ import annotations
 
-import math
-
 import torch
 from mlipdd.shard import local
 from mlipdd.shard.aten import ShardTensor as AtenShardTensor
 from torch.utils._python_dispatch import _disable_current_modes
+
+from mlipdd_uma.wigner import per_edge_wigner
 
 
 def _is_aten(t) -> bool:
@@ -176,13 +176,9 @@ def _aten_forces_and_stress(energy_part, pos, cell, batch, training):
     return -grad_pos, (virial / volume).reshape(-1, 9)
 
 
-def halo_wigner(original, edge_distance_vecs, *args, gamma=None, **kwargs):
-    """`axis_angle_wigner_hybrid` under the aten dispatch: fairchem's random roll angle per
-    edge drawn like the edges (``rand_like``), not from their count (``torch.rand(n_edges)``,
-    a replicated tensor the dispatch refuses beside edge rows); the same draw."""
-    if gamma is None and _is_aten(edge_distance_vecs):
-        gamma = torch.rand_like(edge_distance_vecs[:, 0]) * (2 * math.pi)
-    return original(edge_distance_vecs, *args, gamma=gamma, **kwargs)
+def halo_wigner(original, edge_distance_vecs, *args, **kwargs):
+    """`axis_angle_wigner_hybrid` as one row-local call under DD (`mlipdd_uma.wigner`)."""
+    return per_edge_wigner(original, edge_distance_vecs, *args, **kwargs)
 
 
 def keep_positions(original, self, positions, cell, pbc, system):

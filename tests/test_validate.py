@@ -24,11 +24,10 @@ from mlipdd.testing.toy_models import ToyMPNN
 from mlipdd.validate import (
     OpTrace,
     ValidationReport,
-    describe_change,
     trace_and_validate,
     translate,
 )
-from mlipdd.validate.autofix import swap_halo_correction_for_local, toggle_owned_only_forces
+from mlipdd.validate.autofix import toggle_owned_only_forces
 from mlipdd.validate.report import Attempt, OutputDiff
 
 argon_lj = functools.partial(LennardJones, epsilon=0.0104, sigma=3.4, cutoff=7.0)
@@ -99,9 +98,7 @@ def test_unknown_element_in_the_reference_run_is_explained():
 
 WRONG_SPECS = {
     "local_policy": SPEC_LOCAL,
-    "halo_scatter_local": SPEC_MPNN_HALO.replace(policy=HaloStoragePolicy(scatter="local")),
     "stress_not_reduced": SPEC_MPNN_HALO.replace(all_reduce_outputs=frozenset()),
-    "no_system_reductions": SPEC_MPNN_HALO.replace(policy=HaloStoragePolicy(system_reductions=False)),
 }
 
 
@@ -221,18 +218,6 @@ def _report_with(spec, forces, reference_forces, energy_ok=True):
                      "forces": OutputDiff(1.0, 1.0, 1e-8, False)}
     report.attempts.append(attempt)
     return report
-
-
-def test_double_counted_ghost_forces_swap_to_local_scatter():
-    reference = torch.randn(10, 3, dtype=torch.float64)
-    doubled = reference.clone()
-    doubled[:4] *= 2  # boundary atoms counted twice
-    fixed = swap_halo_correction_for_local(_report_with(SPEC_MPNN_HALO, doubled, reference), SPEC_MPNN_HALO)
-    assert fixed.policy.scatter == "local"
-    assert describe_change(SPEC_MPNN_HALO, fixed).startswith("policy HaloStoragePolicy(scatter='halo_correction'")
-    halved = reference.clone()
-    halved[:4] *= 0.5  # too small is not double counting
-    assert swap_halo_correction_for_local(_report_with(SPEC_MPNN_HALO, halved, reference), SPEC_MPNN_HALO) is None
 
 
 def test_owned_only_forces_toggle():

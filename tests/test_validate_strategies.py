@@ -84,7 +84,6 @@ def test_sharded_validation_names_the_creation_site_of_an_uninferred_tensor():
 
 SHARDED_WRONG_SPECS = {
     "graph_partition_policy": SPEC_MPNN_GP,  # refused by the strategy
-    "reads_kept_local": SPEC_MPNN_SHARDED.replace(policy=ShardedStoragePolicy(gather="local")),  # IndexError
     "stress_not_reduced": SPEC_MPNN_SHARDED.replace(all_reduce_outputs=frozenset()),  # wrong stress
 }
 

@@ -58,15 +58,15 @@ def initial_spec(model, strategy: str, spec=None):
     return preset[1], f"the {strategy} default {preset[0]}"
 
 
-PLACEMENTS_NOTE = ("under the aten dispatch each tensor's placement decides what crosses ranks: the policy's "
-                   "scatter / gather / system_reductions and the spec's all_reduce_outputs / owned_only_outputs "
-                   "are not read (the auto-fix rules that change them are skipped)")
+PLACEMENTS_NOTE = ("under the aten dispatch each tensor's placement decides what crosses ranks: the spec's "
+                   "all_reduce_outputs / owned_only_outputs are not read (the auto-fix rules that change them "
+                   "are skipped)")
 
 
 def run_dispatch(model, strategy: str, world_size: int) -> tuple[str, bool]:
     """``(dispatch, placements decide)``: the aten dispatch, and whether the strategy that runs
     goes by placements (halo and sharded storage at several ranks) rather than reading the
-    spec's scatter / reduction fields."""
+    spec's output fields."""
     from mlipdd.plugins import get_strategy
     from mlipdd.strategy import HaloStrategy, ShardedStrategy
 

@@ -170,8 +170,7 @@ def _rows_out_of_bounds(message: str, ctx: Context):
         f"{ctx.strategy} storage a rank holds only its owned rows, so a tensor sized by a count "
         "(len(batch), n_atoms) and read by sender index reaches rows of other ranks",
         "create per-atom state from an input tensor (torch.zeros_like(batch.positions[:, :1]), "
-        "positions.new_zeros(...)) so the dispatch knows its layout, then re-validate (a spec "
-        "with gather='local' reads remote rows the same way: use ShardedStoragePolicy()); or "
+        "positions.new_zeros(...)) so the dispatch knows its layout, then re-validate; or "
         "validate under strategy='halo'",
     )
 

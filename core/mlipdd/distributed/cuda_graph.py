@@ -61,6 +61,7 @@ from dataclasses import dataclass
 import torch
 
 from mlipdd.data import Batch, InputError
+from mlipdd.distributed.compiled import FixedCounts
 from mlipdd.neighbors import NeighborList
 
 __all__ = ["GraphedForceCall", "StaticInputs", "capture_graph", "edges_within", "fill_edges", "null_edges", "null_shifts",
@@ -200,21 +201,6 @@ def check_graphable(batch: Batch) -> None:
         )
 
 
-class _FixedLayoutBatch(Batch):
-    """A `Batch` whose atoms-per-system are fixed for its lifetime, so ``ptr`` is computed
-    once: the default counts with ``bincount``, a host read (NOTE [host reads under capture])."""
-
-    @property
-    def ptr(self) -> torch.Tensor:
-        fixed = self.__dict__.get("_ptr")  # absent on a copy (.to, .clone): counted again
-        return fixed if fixed is not None else Batch.ptr.fget(self)
-
-    @property
-    def atoms_per_system(self) -> torch.Tensor:
-        fixed = self.__dict__.get("_counts")
-        return fixed if fixed is not None else Batch.atoms_per_system.fget(self)
-
-
 class StaticInputs:
     """The tensors a graph reads: allocated once from ``batch``, refreshed by `load`.
 
@@ -234,10 +220,8 @@ class StaticInputs:
             for name, value in store.items():
                 out[name] = value.detach().clone() if torch.is_tensor(value) else value
         node["positions"].requires_grad_(True)  # a leaf: the force backward differentiates it
-        self.batch = _FixedLayoutBatch._from_dicts(node, system)
-        counts = Batch.atoms_per_system.fget(self.batch)  # host read here, never at replay
-        object.__setattr__(self.batch, "_counts", counts)
-        object.__setattr__(self.batch, "_ptr", torch.cat([counts.new_zeros(1), counts.cumsum(0)]))
+        counts = Batch.atoms_per_system.fget(batch)  # counted (a host read) here, never at replay
+        self.batch = FixedCounts.of(node, system, counts)
         _check_cells(self.batch.cell)
         self._null = null_edges(self.capacity, self.batch.cell, self.batch.batch, self.reach, source)
         self.batch.neighbors = NeighborList(self._null.edge_index.clone(), self._null.unit_shifts.clone(),

@@ -63,14 +63,13 @@ PLACEMENTS_NOTE = ("under the aten dispatch each tensor's placement decides what
                    "are skipped)")
 
 
-def run_dispatch(model, strategy: str, world_size: int) -> tuple[str, bool]:
-    """``(dispatch, placements decide)``: the aten dispatch, and whether the strategy that runs
-    goes by placements (halo and sharded storage at several ranks) rather than reading the
-    spec's output fields."""
+def placements_decide(strategy: str, world_size: int) -> bool:
+    """Whether the strategy goes by placements (halo and sharded storage at several ranks)
+    rather than reading the spec's output fields (NOTE [auto-fix under aten])."""
     from mlipdd.plugins import get_strategy
     from mlipdd.strategy import HaloStrategy, ShardedStrategy
 
-    return "aten", issubclass(get_strategy(strategy), (HaloStrategy, ShardedStrategy)) and world_size > 1
+    return issubclass(get_strategy(strategy), (HaloStrategy, ShardedStrategy)) and world_size > 1
 
 
 def _spec_key(spec) -> str:
@@ -121,9 +120,9 @@ def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: i
     except Exception as exc:  # noqa: BLE001 - reported, not raised: the report is the answer
         return _fail(report, exc, "model factory")
     try:
-        report.dispatch, report.placements_decide = run_dispatch(model, report.strategy, world_size)
+        report.placements_decide = placements_decide(report.strategy, world_size)
     except InputError as exc:
-        return _fail(report, exc, "dispatch choice")
+        return _fail(report, exc, "strategy choice")
     batch = samples[0]
     report.tolerances = {**default_tolerances(batch.dtype), **(tolerances or {})}
     trace = OpTrace()

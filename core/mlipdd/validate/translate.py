@@ -39,12 +39,6 @@ def exception_line(text: str) -> str:
     return found[-1].strip() if found else text.strip().splitlines()[-1].strip() if text.strip() else ""
 
 
-def exception_body(line: str) -> str:
-    """``pkg.SomeError: message`` -> ``message``."""
-    match = _EXCEPTION_LINE.match(line.strip())
-    return match.group(2) if match else line.strip()
-
-
 def _is_machinery(path: str) -> bool:
     standard_library = "/lib/python3" in path and "-packages/" not in path
     return standard_library or any(part in path for part in _MACHINERY)

@@ -77,7 +77,6 @@ class ValidationReport:
     warnings: list[str] = field(default_factory=list)  # e.g. a sample too small to be conclusive
     op_counts: Counter = field(default_factory=Counter, repr=False)
     opaque_ops: list[str] = field(default_factory=list)
-    unhandled_aggregations: list[str] = field(default_factory=list)
     diagnosis: str = ""
     next_action: str = ""
     notes: list[str] = field(default_factory=list)

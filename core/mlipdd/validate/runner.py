@@ -137,7 +137,6 @@ def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: i
     except Exception as exc:  # noqa: BLE001
         return _fail(report, exc, "single-process reference run")
     report.op_counts = trace.counts
-    report.unhandled_aggregations = trace.unhandled_aggregations()
     report.opaque_ops = trace.opaque_ops
     bad = [k for k in ("energy", "forces", "stress") if k in report.reference
            and not bool(torch.isfinite(report.reference[k]).all())]

@@ -159,8 +159,8 @@ def refusal_on_ranks(model, world_size: int) -> InputError | None:
 
 class HaloRows:
     """The plain ``[owned | ghost]`` rows of a spatial strategy's halo plan, and their
-    consolidation: what the compiled region reads and returns (no ShardTensor, so neither
-    dispatch runs here; the eager checks run the strategy's own). A halo strategy's plan is
+    consolidation: what the compiled region reads and returns (no ShardTensor, so the dispatch
+    does not run here; the eager checks run the strategy's own). A halo strategy's plan is
     its own state; a sharded one keeps the halo plan its request table is rewritten from
     (NOTE [sharded, compiled])."""
 
@@ -236,9 +236,8 @@ class CompiledHaloCall:
 
     ``batch``: this rank's owned atoms, prepared (`HaloRows` makes the plain rows of it);
     ``eager_call()`` runs the strategy's eager distributed forward and consolidation (for the
-    checks: the dispatch the run chose); ``installing(rows)`` is entered
-    around the compiled call only (the spec's adapters; the eager call installs its own). Counters as in
-    `CompiledForceCall` (``inner``). ``hops``: the layers an energy reads (NOTE [deep ghost
+    checks); ``installing(rows)`` is entered around the compiled call only (the spec's adapters;
+    the eager call installs its own). Counters: `CompileCounts` (``inner``). ``hops``: the layers an energy reads (NOTE [deep ghost
     shell]); with more than one, the strategy's shell must have been deepened (`deepen_halo`)."""
 
     def __init__(self, model, rows: HaloRows, spec, group, reach: float, backend: str, headroom: float,

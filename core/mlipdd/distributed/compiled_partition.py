@@ -43,7 +43,7 @@ class CompiledPartitionCall(CompileCounts):
     [no caps under graph partition]).
 
     # NOTE [plain inside the compiled call]
-    Traced, the helpers are functional collectives on plain tensors whatever the dispatch
+    Traced, the helpers are functional collectives on plain tensors
     (`mlipdd.shard.traced_collectives`); a graph break runs them eagerly, and there they read the
     active scope: a plain one (no aten context), so both sides of a break hand plain tensors and
     the outputs are consolidated as plain partials (`consolidate_plain`: stress partials summed,

@@ -258,9 +258,9 @@ class DistributedModel(nn.Module):
 
     def _compiled_ranks_call(self, batch: Batch, compute_stress: bool, autograd_outputs) -> dict:
         """Compiled with collectives (`mlipdd.distributed.compiled_halo`, `compiled_partition`).
-        The compiled region reads plain rows of its own, so neither dispatch runs in it; its
-        checks run the eager distributed forward on the run's dispatch, the strategy's rows made
-        only for a check (collective: every rank checks, or none)."""
+        The compiled region reads plain rows of its own, so the dispatch does not run in it; its
+        checks run the eager distributed forward, the strategy's rows made only for a check
+        (collective: every rank checks, or none)."""
         partition = isinstance(self._compiled_ranks, CompiledPartitionCall)
 
         def eager():

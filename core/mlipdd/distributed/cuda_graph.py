@@ -63,8 +63,9 @@ import torch
 from mlipdd.data import Batch, InputError
 from mlipdd.distributed.compiled import FixedCounts
 from mlipdd.neighbors import NeighborList
+from mlipdd.strategy.skin import edges_in_cutoff
 
-__all__ = ["GraphedForceCall", "StaticInputs", "capture_graph", "edges_within", "fill_edges", "null_edges", "null_shifts",
+__all__ = ["GraphedForceCall", "StaticInputs", "capture_graph", "fill_edges", "null_edges", "null_shifts",
            "pad_with_null_edges"]
 
 ForceCall = Callable[[Batch, bool], dict]
@@ -112,7 +113,9 @@ class GraphedForceCall:
         self._check(batch)
         compute_stress = bool(compute_stress)
         if self.trim_to is not None:
-            batch = _with_neighbors(batch, edges_within(batch.neighbors, batch, self.trim_to + TRIM_MARGIN))
+            trimmed = edges_in_cutoff(batch.neighbors, batch.positions, batch.cell, batch.batch,
+                                      self.trim_to + TRIM_MARGIN)
+            batch = _with_neighbors(batch, trimmed)
         captured = self._graphs.get(compute_stress)
         if captured is None or not captured.inputs.holds(batch, compute_stress):
             captured = self._capture(batch, compute_stress)
@@ -313,18 +316,6 @@ def pad_with_null_edges(source: NeighborList, batch: Batch, capacity: int,
                           padded=True)
     fill_edges(target, source, null)
     return target
-
-
-def edges_within(neighbors: NeighborList, batch: Batch, radius: float) -> NeighborList:
-    """The edges of ``neighbors`` shorter than ``radius`` at ``batch``'s positions now, in
-    their order. One host read (how many), and a handful of kernels."""
-    with torch.no_grad():
-        vectors = neighbors.edge_vectors(batch.positions.detach(), batch.cell.detach(), batch.batch)
-        index = ((vectors * vectors).sum(dim=1) < radius * radius).nonzero().squeeze(1)
-    # the list now holds exactly the pairs within ``radius``: say so (a model that filters
-    # longer edges itself can then skip its own filter and its host reads)
-    return NeighborList(neighbors.edge_index.index_select(1, index), neighbors.unit_shifts.index_select(0, index),
-                        min(radius, neighbors.cutoff), neighbors.full_list)
 
 
 def null_shifts(cell: torch.Tensor, reach: float) -> torch.Tensor:

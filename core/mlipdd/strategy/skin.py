@@ -27,7 +27,9 @@ from mlipdd.neighbors import NeighborList
 def edges_in_cutoff(neighbors: NeighborList, positions: torch.Tensor, cell: torch.Tensor,
                     system: torch.Tensor, cutoff: float) -> NeighborList:
     """NOTE [skin edges]: the edges of ``neighbors`` (its index over the rows of
-    ``positions``) shorter than ``cutoff`` now, in their order."""
+    ``positions``) shorter than ``cutoff`` now, in their order; also the one-rank trim (NOTE
+    [skin edges at one rank]) and a CUDA graph's ``trim_to``. The list says it reaches
+    ``cutoff`` (a model that filters longer edges itself can skip its filter)."""
     with torch.no_grad():
         vectors = neighbors.edge_vectors(positions.detach().double(), cell.detach().double(), system)
         keep = ((vectors * vectors).sum(dim=1) < cutoff * cutoff).nonzero().squeeze(1)

@@ -93,8 +93,6 @@ from mlipdd.strategy.outputs import consolidate_outputs
 __all__ = ["CompiledHaloCall", "HaloRows", "compiled_on_ranks", "is_energy_model", "receptive_hops",
            "refusal_on_ranks"]
 
-OWNED = OWNED_ROWS  # a float node field: 1 on owned rows, 0 on ghost rows (float: not an integer input)
-
 
 def is_energy_model(model) -> bool:
     """Whether the wrapper's forces come from the base class's autograd of ``atomic_energies``."""
@@ -183,7 +181,7 @@ class HaloRows:
 
     def rows(self, batch: Batch) -> Batch:
         """This rank's rows as plain tensors, ghost rows refreshed from their owners (one
-        exchange), with the owned-row marker (`OWNED`) and the plan's list."""
+        exchange), with the owned-row marker (`OWNED_ROWS`) and the plan's list."""
         state = self.state
         positions = batch.positions.detach()
         node = {"positions": positions, "atomic_numbers": batch.atomic_numbers, "batch": batch.batch,
@@ -198,7 +196,7 @@ class HaloRows:
             node.update({name: pad(value, state.plan) for name, value in model_inputs(batch).items()})
         owned = torch.zeros(state.plan.n_padded, dtype=positions.dtype, device=positions.device)
         owned[: state.plan.n_owned] = 1.0
-        node[OWNED] = owned
+        node[OWNED_ROWS] = owned
         plain = Batch._from_dicts(node, dict(batch.system))
         plain.neighbors, plain.n_owned = state.neighbors, batch.num_atoms
         return plain
@@ -302,7 +300,7 @@ class CompiledHaloCall:
             else:
                 used = positions
             energies = self.model.atomic_energies(batch, used, cell)
-            energy = per_system_sum(energies * batch.node[OWNED], batch)
+            energy = per_system_sum(energies * batch.node[OWNED_ROWS], batch)
             grads = torch.autograd.grad(energy.sum(), inputs)
         out = {"energy": energy, "energies": energies, "forces": -grads[0]}
         if compute_stress:

@@ -2,7 +2,7 @@
 
     python benchmarks/sharded_owned_rows.py [--ranks 2] [--repeats 15]
 
-The aten strategies enter a torch-function mode around every forward (`CountedReductions`:
+The spatial strategies enter a torch-function mode around every forward (`CountedReductions`:
 NOTE [aten means], NOTE [a single row], NOTE [contraction order]); the rows themselves are
 aten-level ShardTensors. Two measurements:
 
@@ -97,7 +97,7 @@ def main(argv=None):
         "forward + forces + stress)",
         rows, ["where", "atoms", "bare_ms", "counted_mode_ms", "function_mode_ms", "counted_overhead",
                "mode_overhead", "halo_ms", "sharded_ms", "sharded_vs_halo"],
-        notes="float64, 1 thread per process. `counted_mode`: the aten strategies' `CountedReductions` around "
+        notes="float64, 1 thread per process. `counted_mode`: the spatial strategies. `CountedReductions` around "
               "a plain forward; `function_mode`: a pass-through TorchFunctionMode (the floor of any such mode). "
               "On a shared machine read differences below ~5 % (CPU time) / ~15 % (wall time) as noise.",
     )

@@ -3,7 +3,7 @@
 A wrapper subclass with ``__tensor_flatten__`` is desugared by AOTAutograd: the graph
 holds the rules' plain aten ops on the local tensors, the placements are static
 metadata (guarded through `HaloContext` equality: one compile until a rebuild). Here an
-LJ energy over the rows the aten strategy hands a model compiles with
+LJ energy over the rows the halo strategy hands a model compiles with
 ``fullgraph=True``; its value and its gradient (forces through the compiled backward)
 equal the eager dispatch.
 """

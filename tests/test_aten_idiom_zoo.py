@@ -1,7 +1,7 @@
 """Idiom-zoo models under the aten dispatch: exact or refused, never silently wrong.
 
 A selection of `mlipdd.testing.idiom_zoo` (the full table, 55 models x 3 systems x 2-4
-ranks, is docs/idiom_zoo_aten.md, written by benchmarks/idiom_zoo_aten.py): the ones
+ranks, is docs/idiom_zoo.md, written by ``python -m mlipdd.testing.idiom_zoo``): the ones
 that were silently wrong under this dispatch before a rule or a refusal (torch.cov's
 local count, an average degree from sizes, a half list by comparing row numbers), the
 reductions through views, the segment and per-system idioms, and controls. Each case

@@ -112,7 +112,7 @@ def test_aten_sharded_equals_one_process(world_size):
         assert refusal is not None and "aten::sort" in refusal and "Fix:" in refusal, refusal
 
 
-# the zoo under aten + sharded (the full table: docs/idiom_zoo_aten.md): the models whose
+# the zoo under aten + sharded (the full table: docs/idiom_zoo.md): the models whose
 # sharded form needed the request-table rules, the refusals that guard them, controls
 ZOO_EXPECTED = {
     "SchNetLike": "exact", "PaiNNLike": "exact", "ElementMeans": "exact", "UniqueSpeciesMeans": "exact",

@@ -1,4 +1,4 @@
-"""Models that COUNT the listed edges, at the default skin, under the aten dispatch (NOTE [skin edges under aten]).
+"""Models that COUNT the listed edges, at the default skin, under the aten dispatch (NOTE [skin edges]).
 
 GCN degrees by ``torch.bincount(receiver)`` (the idiom zoo's GCNDegreeNorm) and a mean over a
 receiver's edges by a count of ones (`mlipdd.testing.idiom_zoo.segments.MeanOverListedEdges`) count every edge of the list; the ranks' lists reach ``cutoff + skin``, one process's only the cutoff. The zoo runs them at
@@ -43,7 +43,7 @@ def test_a_list_with_no_skin_edge_says_it_reaches_the_cutoff():
     MACE 3 ranks)."""
     import torch
     from mlipdd.neighbors import NeighborList
-    from mlipdd.strategy.aten_skin import edges_in_cutoff
+    from mlipdd.strategy.skin import edges_in_cutoff
 
     positions = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 2.9, 0.0]], dtype=torch.float64)
     cell, system = torch.eye(3, dtype=torch.float64).view(1, 3, 3) * 20.0, torch.zeros(3, dtype=torch.long)

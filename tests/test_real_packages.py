@@ -19,7 +19,7 @@ SYSTEM_AT = {2: "triclinic", 3: "own_images", 4: "slab"}  # each system once, ea
 MODELS = [name for name, real in REAL_MODELS.items() if real.package == "schnetpack"]
 # Exact everywhere: Atomwise's ``maxm = int(idx_m[-1]) + 1`` reads ``idx_m[-1]`` as the whole
 # system's last atom (NOTE [a row by its global number]), also on a sharded rank owning no atom.
-EXPECTED = {("halo", "aten"): "exact", ("sharded", "aten"): "exact"}
+EXPECTED = {"halo": "exact", "sharded": "exact"}
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def test_exact_or_refused_by_name(world_size, refs):
     system = SYSTEM_AT.get(world_size, "triclinic")
     results = classify_world_size(MODELS, world_size, refs, systems=(system,))
     for model in MODELS:
-        outcomes = {(r.strategy, r.dispatch): r.outcome for r in results if r.model == model}
+        outcomes = {r.strategy: r.outcome for r in results if r.model == model}
         assert outcomes == EXPECTED, [r for r in results if r.model == model]
 
 
@@ -45,7 +45,7 @@ def test_validation_passes_an_exact_model(model):
 
 
 # orb-v3 and SevenNet: refused in every case, at 2 and 3 ranks (docs/real_packages.md). The
-# text each refusal starts with, per (model, strategy, dispatch): sevenn's ForceStressOutputFromEdge scatters into ``torch.zeros(sum(num_atoms), 3)``,
+# text each refusal starts with, per (model, strategy): sevenn's ForceStressOutputFromEdge scatters into ``torch.zeros(sum(num_atoms), 3)``,
 #   the whole system's size; orb's strain displacement ``bmm(positions, displacement[per_node])``
 #   mixes rows with a per-node gather built from a size. Where a rank holds more rows than the
 #   system has atoms, orb's code on replicated values fails first (the ``per_node_graph_indices``
@@ -57,12 +57,12 @@ BMM = "AtenRefusal: mlipdd aten dispatch refuses `aten::bmm.default`"
 GLOBAL_INDEX = "AtenRefusal: `aten::index.Tensor` failed on this rank (IndexError"
 GLOBAL_EXPAND = "AtenRefusal: `aten::expand.default` failed on this rank (RuntimeError"
 REFUSALS = {
-    ("orb-v3 conservative", "halo", "aten"): GLOBAL_INDEX,
-    ("orb-v3 conservative", "sharded", "aten"): BMM,
-    ("orb-v3 direct", "halo", "aten"): GLOBAL_EXPAND,
-    ("orb-v3 direct", "sharded", "aten"): GLOBAL_EXPAND,
-    ("sevenn SevenNet", "halo", "aten"): "AtenRefusal: mlipdd aten dispatch refuses `aten::scatter_reduce_.two`",
-    ("sevenn SevenNet", "sharded", "aten"): "AtenRefusal: mlipdd aten dispatch refuses `aten::scatter_reduce_.two`",
+    ("orb-v3 conservative", "halo"): GLOBAL_INDEX,
+    ("orb-v3 conservative", "sharded"): BMM,
+    ("orb-v3 direct", "halo"): GLOBAL_EXPAND,
+    ("orb-v3 direct", "sharded"): GLOBAL_EXPAND,
+    ("sevenn SevenNet", "halo"): "AtenRefusal: mlipdd aten dispatch refuses `aten::scatter_reduce_.two`",
+    ("sevenn SevenNet", "sharded"): "AtenRefusal: mlipdd aten dispatch refuses `aten::scatter_reduce_.two`",
 }
 
 
@@ -72,7 +72,7 @@ def test_orb_and_sevennet_are_refused_on_every_rank(world_size):
     assert not missing, f"{missing}: install the test extra (pip install -e '.[test]')"
     system = SYSTEM_AT[world_size]
     results = classify_world_size(NEW_MODELS, world_size, references(NEW_MODELS, (system,)), systems=(system,))
-    got = {(r.model, r.strategy, r.dispatch): (r.outcome, r.detail) for r in results}
+    got = {(r.model, r.strategy): (r.outcome, r.detail) for r in results}
     assert got.keys() == REFUSALS.keys()
     for key, start in REFUSALS.items():
         assert got[key][0] == "refused" and got[key][1].startswith(start), (key, got[key])
@@ -82,7 +82,7 @@ def test_orb_and_sevennet_are_refused_on_every_rank(world_size):
 # Potential's ``lattice[node_batch]`` (an index_put by a plain index, ``torch.zeros(g.num_nodes)``,
 # of the rows' gradients into the lattice).
 TENSORNET = "matgl TensorNet"
-TENSORNET_EXPECTED = {("halo", "aten"): "refused", ("sharded", "aten"): "refused"}
+TENSORNET_EXPECTED = {"halo": "refused", "sharded": "refused"}
 
 
 @pytest.mark.mlipdd_conformance(world_sizes=(2, 3))
@@ -90,6 +90,6 @@ def test_tensornet_refused_by_name(world_size):
     assert available(TENSORNET) is None, available(TENSORNET)
     system = SYSTEM_AT[world_size]
     results = classify_world_size([TENSORNET], world_size, references([TENSORNET], (system,)), systems=(system,))
-    assert {(r.strategy, r.dispatch): r.outcome for r in results} == TENSORNET_EXPECTED, results
+    assert {r.strategy: r.outcome for r in results} == TENSORNET_EXPECTED, results
     for r in results:
         assert r.detail.startswith("AtenRefusal: mlipdd aten dispatch refuses `aten::index_put.default`"), r

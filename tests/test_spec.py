@@ -52,41 +52,20 @@ def _spec(policy, **kwargs):
 
 
 def test_policy_predicates_and_defaults():
-    assert HALO.is_halo() and not HALO.is_sharded()
-    assert (HALO.scatter, HALO.gather, HALO.system_reductions) == (
-        "halo_correction",
-        "halo_read",
-        True,
-    )
-    assert SHARDED.is_sharded() and (SHARDED.scatter, SHARDED.gather) == (
-        "distributed",
-        "distributed",
-    )
-    assert SHARDED.system_reductions
-    assert LOCAL.is_local() and (LOCAL.scatter, LOCAL.gather, LOCAL.system_reductions) == (
-        "local",
-        "local",
-        False,
-    )
+    assert HALO.is_halo() and not HALO.is_sharded() and not HALO.builds_own_graph
+    assert SHARDED.is_sharded() and LOCAL.is_local()
     assert GP.is_graph_partition() and not GP.is_halo()
 
 
 def test_policies_are_frozen_and_hashable():
     with pytest.raises(dataclasses.FrozenInstanceError):
-        HALO.scatter = "local"
+        HALO.builds_own_graph = True
     assert len({HALO, HaloStoragePolicy(), SHARDED}) == 2
 
 
-def test_auto_fix_can_set_scatter_rule_to_local():
-    fixed = dataclasses.replace(HALO, scatter="local")
-    assert fixed.is_halo() and fixed.scatter == "local" and fixed.gather == "halo_read"
-
-
-def test_policy_rejects_unknown_rule():
-    with pytest.raises(SpecError, match="does not support scatter='distributed'"):
-        HaloStoragePolicy(scatter="distributed")
-    with pytest.raises(SpecError, match="system_reductions must be True or False"):
-        HaloStoragePolicy(system_reductions="yes")
+def test_policy_rejects_a_non_bool_flag():
+    with pytest.raises(SpecError, match="builds_own_graph must be True or False"):
+        HaloStoragePolicy(builds_own_graph="yes")
 
 
 # NOTE [composition table tests]: one row of the design's table per case, both orders.
@@ -118,14 +97,21 @@ def test_graph_partition_does_not_compose_with_spatial(spatial):
         assert spatial.kind in str(info.value)
 
 
+@dataclasses.dataclass(frozen=True)
+class _TunedSharded(ShardedStoragePolicy):
+    """A third party's variant of a built-in kind, with a field of its own."""
+
+    chunk: int = 1
+
+
 def test_same_kind_with_different_rules_is_a_conflict():
-    with pytest.raises(SpecError, match="scatter: 'local' vs 'halo_correction'"):
-        merge_policies(HaloStoragePolicy(scatter="local"), HALO)
+    with pytest.raises(SpecError, match="chunk: 1 vs 2"):
+        merge_policies(_TunedSharded(chunk=1), _TunedSharded(chunk=2))
 
 
 def test_halo_sharded_keeps_the_sharded_operand():
-    custom = ShardedStoragePolicy(gather="local")
-    assert merge_policies(HaloStoragePolicy(scatter="local"), custom) is custom
+    custom = _TunedSharded(chunk=2)
+    assert merge_policies(HaloStoragePolicy(builds_own_graph=True), custom) is custom
 
 
 def test_merge_rejects_non_policies():
@@ -240,10 +226,10 @@ def test_mlip_spec_validation():
 
 
 def test_replace_and_policy_shortcut():
-    spec = SPEC_MPNN_HALO.replace(policy=HaloStoragePolicy(scatter="local"), name="fixed")
-    assert spec.policy.scatter == "local" and spec.name == "fixed"
+    spec = SPEC_MPNN_HALO.replace(policy=HaloStoragePolicy(builds_own_graph=True), name="fixed")
+    assert spec.policy.builds_own_graph and spec.name == "fixed"
     assert spec.output_kinds == SPEC_MPNN_HALO.output_kinds
-    assert SPEC_MPNN_HALO.policy.scatter == "halo_correction"
+    assert not SPEC_MPNN_HALO.policy.builds_own_graph
     assert spec.kind_of("nope") is OutputKind.UNKNOWN
     with pytest.raises(SpecError, match="fields are"):
         SPEC_MPNN_HALO.replace(colour="red")

@@ -127,7 +127,7 @@ def test_every_registered_preset_installs_after_a_roundtrip(name, tmp_path):
 def test_op_adapter_roundtrip(tmp_path):
     spec = MLIPSpec(
         DistributionSpec(
-            ShardedStoragePolicy(gather="local"),
+            ShardedStoragePolicy(),
             custom_ops=(
                 OpAdapter(torch.ops.aten.relu.default, {0: GatherInputs()}, {0: ScatterOutputs()}),
                 OpAdapter(
@@ -231,6 +231,14 @@ def _valid():
     return SPEC_MPNN_HALO.to_dict()
 
 
+def test_retired_policy_rules_load_and_are_ignored(tmp_path):
+    """Files written before the aten dispatch hold scatter / gather / system_reductions
+    (NOTE [retired policy keys]): they load as the same spec."""
+    data = _valid()
+    data["policy"].update(scatter="halo_correction", gather="halo_read", system_reductions=True)
+    assert MLIPSpec.load(_write(tmp_path, data)) == SPEC_MPNN_HALO
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(SpecError, match="no spec file at"):
         MLIPSpec.load(tmp_path / "nope.json")
@@ -293,7 +301,6 @@ def _with_op(transform_name):
     [
         (lambda d: d["policy"].update(kind="spatial"), "unknown policy kind 'spatial'"),
         (lambda d: d["policy"].update(colour="red"), r"policy has unknown key\(s\) \['colour'\]"),
-        (lambda d: d["policy"].update(scatter="distributed"), "does not support scatter"),
         (
             lambda d: d["output_kinds"].update(energy="PER_ATOM"),
             "unknown output kind 'PER_ATOM' for output 'energy'",
@@ -319,7 +326,6 @@ def _with_op(transform_name):
     ids=[
         "policy",
         "policy-key",
-        "policy-rule",
         "kind",
         "transform",
         "transform-side",

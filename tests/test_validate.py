@@ -24,11 +24,10 @@ from mlipdd.testing.toy_models import ToyMPNN
 from mlipdd.validate import (
     OpTrace,
     ValidationReport,
-    describe_change,
     trace_and_validate,
     translate,
 )
-from mlipdd.validate.autofix import swap_halo_correction_for_local, toggle_owned_only_forces
+from mlipdd.validate.autofix import toggle_owned_only_forces
 from mlipdd.validate.report import Attempt, OutputDiff
 
 argon_lj = functools.partial(LennardJones, epsilon=0.0104, sigma=3.4, cutoff=7.0)
@@ -41,7 +40,6 @@ SCATTER_INTO_ATOM_ROWS = "index_add"
 
 def sums_over_ranks(report) -> int:
     """Per-system sums completed across ranks, by the report's rule firings."""
-    assert report.dispatch == "aten", report.summary()
     return sum(n for rule, n in report.handlers_fired.items() if rule.endswith("-> replicated"))
 
 
@@ -55,7 +53,7 @@ def test_lj_passes_without_a_spec():
     assert len(report.attempts) == 1
     assert set(report.diffs) == {"energy", "forces", "stress"}
     assert sums_over_ranks(report) > 0, report.summary()
-    assert f"dispatch: {report.dispatch}" in report.summary()
+    assert "aten rules fired (all ranks): " in report.summary()
     assert report.next_action == "save it: report.spec.save('model_spec.json')"
     # without a GPU the report says so; with one, a single-rank NCCL check runs
     assert any(note.startswith("CUDA") for note in report.notes)
@@ -95,13 +93,11 @@ def test_unknown_element_in_the_reference_run_is_explained():
     assert "sample_batch" in report.next_action
 
 
-# ---- auto-fix repairs wrong specs ----------------------------------------------------------
+# ---- specs whose fields the aten dispatch does not read run as given ----------------------
 
-WRONG_SPECS = {
+UNREAD_SPECS = {
     "local_policy": SPEC_LOCAL,
-    "halo_scatter_local": SPEC_MPNN_HALO.replace(policy=HaloStoragePolicy(scatter="local")),
     "stress_not_reduced": SPEC_MPNN_HALO.replace(all_reduce_outputs=frozenset()),
-    "no_system_reductions": SPEC_MPNN_HALO.replace(policy=HaloStoragePolicy(system_reductions=False)),
 }
 
 
@@ -113,25 +109,14 @@ def test_an_energy_listed_for_all_reduce_is_not_summed_twice():
     assert report.ok and len(report.attempts) == 1, report.summary()
 
 
-@pytest.mark.parametrize("case", sorted(WRONG_SPECS))
-def test_auto_fix_repairs_a_wrong_spec(case, tmp_path):
-    """Each spec is wrong where the dispatch reads its scatter and reduction fields (the
-    torch-function one: auto-fixed); the aten dispatch places every tensor itself and does
-    not read them, so there the spec runs exactly as given, and the report says why."""
-    report = trace_and_validate(mpnn, spec=WRONG_SPECS[case])
-    assert report.ok, report.summary()
-    if report.placements_decide:
-        assert len(report.attempts) == 1 and report.spec == WRONG_SPECS[case]
-        assert report.conclusive and "are not read" in report.summary()
-        return
-    assert len(report.attempts) > 1 and not report.attempts[0].ok
-    assert report.fixes_applied and "auto-fix applied:" in report.summary()
-    fixed = report.spec
-    assert fixed.policy == HaloStoragePolicy()
-    assert fixed.all_reduce_outputs == {"stress"}
-    path = tmp_path / "fixed.json"
-    fixed.save(path)
-    assert MLIPSpec.load(path) == fixed
+@pytest.mark.parametrize("case", sorted(UNREAD_SPECS))
+def test_a_spec_the_dispatch_does_not_read_runs_as_given(case):
+    """The aten dispatch places every tensor itself: a local policy or a stress left out of
+    all_reduce_outputs is exact as given, no auto-fix is tried, and the report says why."""
+    report = trace_and_validate(mpnn, spec=UNREAD_SPECS[case])
+    assert report.ok and report.placements_decide, report.summary()
+    assert len(report.attempts) == 1 and report.spec == UNREAD_SPECS[case]
+    assert report.conclusive and "are not read" in report.summary()
 
 
 def test_auto_fix_stops_at_max_attempts():
@@ -221,18 +206,6 @@ def _report_with(spec, forces, reference_forces, energy_ok=True):
                      "forces": OutputDiff(1.0, 1.0, 1e-8, False)}
     report.attempts.append(attempt)
     return report
-
-
-def test_double_counted_ghost_forces_swap_to_local_scatter():
-    reference = torch.randn(10, 3, dtype=torch.float64)
-    doubled = reference.clone()
-    doubled[:4] *= 2  # boundary atoms counted twice
-    fixed = swap_halo_correction_for_local(_report_with(SPEC_MPNN_HALO, doubled, reference), SPEC_MPNN_HALO)
-    assert fixed.policy.scatter == "local"
-    assert describe_change(SPEC_MPNN_HALO, fixed).startswith("policy HaloStoragePolicy(scatter='halo_correction'")
-    halved = reference.clone()
-    halved[:4] *= 0.5  # too small is not double counting
-    assert swap_halo_correction_for_local(_report_with(SPEC_MPNN_HALO, halved, reference), SPEC_MPNN_HALO) is None
 
 
 def test_owned_only_forces_toggle():
@@ -325,24 +298,24 @@ def test_a_wrong_declaration_fails_and_is_named():
     report = trace_and_validate(functools.partial(DeclaredRunningSum, cutoff=4.5, species=(18,)))
     assert not report.ok and report.spec is None, report.summary()
     assert report.diagnosis and report.next_action
-    if report.dispatch == "aten":  # the rank trace names the declaration the dispatch took on trust
-        assert report.last.error is None and not report.last.diffs["energy"].ok
-        assert "as_atom_rows" in report.diagnosis and "as_atom_rows only for" in report.next_action, report.summary()
-        assert "taken on the model's word (all ranks)" in report.summary()
+    # the rank trace names the declaration the dispatch took on trust
+    assert report.last.error is None and not report.last.diffs["energy"].ok
+    assert "as_atom_rows" in report.diagnosis and "as_atom_rows only for" in report.next_action, report.summary()
+    assert "taken on the model's word (all ranks)" in report.summary()
 
 
 def test_cli_validate_runs_the_aten_dispatch(capsys):
     args = ["validate", "lj", "--model-arg", "epsilon=0.0104", "--model-arg", "sigma=3.4"]
     assert main(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert "dispatch: aten" in lines and any(line.startswith("aten rules fired (all ranks): ") for line in lines)
+    assert any(line.startswith("aten rules fired (all ranks): ") for line in lines)
     assert lines[-1] == ("Next: save the spec: mlipdd validate lj --model-arg epsilon=0.0104 "
                          "--model-arg sigma=3.4 --save model_spec.json")
 
 
 def test_a_model_that_counts_skin_edges_is_exact_under_aten():
-    """GCN degrees by ``bincount(receiver)`` count every edge of the list: the aten strategies
-    hand the model the edges within the cutoff (NOTE [skin edges under aten]), so it validates
+    """GCN degrees by ``bincount(receiver)`` count every edge of the list: the spatial strategies
+    hand the model the edges within the cutoff (NOTE [skin edges]), so it validates
     at the default skin 0.5."""
     from mlipdd.testing.idiom_zoo import ZOO
 

@@ -1,8 +1,7 @@
 """``mlipdd validate MODEL``: check a registered model distributed vs one process.
 
 Runs `trace_and_validate` on spawned CPU ranks under one strategy (``--strategy halo``,
-``sharded`` or ``graph_partition``) and the dispatch a run would use (``--dispatch``
-forces one), prints the summary and exits 0 when the distributed
+``sharded`` or ``graph_partition``), prints the summary and exits 0 when the distributed
 run matches (1 otherwise). ``--save`` writes the working spec.
 """
 

@@ -78,49 +78,81 @@ class Caps:
         return Caps(n, max(math.ceil(headroom * edges), edges + 16))
 
 
-class CompiledForceCall:
+class CompileCounts:
+    """The one compiled function of a compiled call (NOTE [one cache per call]) and what it
+    counts: ``compiles`` (calls that compiled a graph), ``recompiles`` (those after the
+    first), ``graphs`` (graphs the backend compiled, graph breaks included), ``checks``
+    (eager comparisons), ``compile_seconds`` (wall time of the calls that compiled)."""
+
+    def __init__(self, backend: str, dynamic: bool | None):
+        self.backend = backend
+        self.compiles = 0
+        self.graphs = 0
+        self.checks = 0
+        self.compile_seconds = 0.0
+        self._keys: set = set()
+        # NOTE [one cache per call]: dynamo keeps compiled graphs, and counts recompiles
+        # against its limit, per code object; a fresh copy of the function gives every
+        # compiled call its own (a process that builds many models never hits the limit
+        # through the others' graphs, and the graphs go with their compiled call)
+        self._compiled = torch.compile(_fresh_copy(_padded_call), backend=self._counting_backend, dynamic=dynamic)
+
+    @property
+    def recompiles(self) -> int:
+        return max(self.compiles - 1, 0)
+
+    def _counting_backend(self, gm, example_inputs):
+        self.graphs += 1
+        return torch._dynamo.lookup_backend(self.backend)(gm, example_inputs)
+
+    def _run_compiled(self, model_call: ForceCall, batch: Batch, compute_stress: bool) -> tuple[dict, bool]:
+        """``(outputs, whether a new graph was compiled)`` of the compiled call. Always under
+        no_grad: the grad mode is part of dynamo's guards (an integrator calls under no_grad,
+        a user's script with grad on), and the force call enables grad for its own backward
+        anyway. Outputs are detached: compiled calls are not for training."""
+        graphs_before, start = self.graphs, time.perf_counter()
+        with torch._dynamo.config.patch(trace_autograd_ops=True, recompile_limit=RECOMPILE_LIMIT,
+                                        fail_on_recompile_limit_hit=True), torch.no_grad():
+            outputs = self._compiled(model_call, batch, compute_stress)
+        if self.graphs == 0:
+            raise RuntimeError(
+                "DomainConfig(compile=True): torch.compile produced no graph (it ran the force call "
+                "eagerly, e.g. under torch._dynamo.disable); run with compile=False or call the "
+                "model outside what disables dynamo"
+            )
+        compiled_now = self.graphs > graphs_before
+        if compiled_now:
+            self.compiles += 1
+            self.compile_seconds += time.perf_counter() - start
+        return outputs, compiled_now
+
+
+class CompiledForceCall(CompileCounts):
     """``call(batch, compute_stress) -> outputs`` compiled with ``torch.compile`` at caps.
 
     ``model_call`` is what gets compiled (the wrapper's forward, no context managers);
     ``eager_call`` is the full eager path the first call at each shape is checked against
     (NOTE [compiled equals eager]). ``reach``: the radius the list was built with (null
     edges are longer). ``backend``: a ``torch.compile`` backend (``"inductor"``; the
-    cheaper ``"aot_eager"`` traces the same graphs without generating code).
-
-    Counters: ``compiles`` (calls that compiled a graph: new caps, the other stress flag),
-    ``recompiles`` (those after the first), ``graphs`` (graphs the backend compiled, graph breaks included), ``checks``
-    (eager comparisons), ``compile_seconds`` (wall time of the calls that compiled).
+    cheaper ``"aot_eager"`` traces the same graphs without generating code). Counters:
+    `CompileCounts` (a compile: new caps, the other stress flag).
     """
 
     def __init__(self, model_call: ForceCall, eager_call: ForceCall, reach: float, backend: str = "inductor",
                  headroom: float = 1.2, check_eager: bool = True):
         if not headroom >= 1.0:
             raise InputError(f"headroom must be >= 1 (caps / sizes at the first call), got {headroom}")
+        super().__init__(backend, dynamic=False)
         self.model_call = model_call
         self.eager_call = eager_call
         self.reach = float(reach)
-        self.backend = backend
         self.headroom = float(headroom)
         self.check_eager = bool(check_eager)
         self.caps: Caps | None = None
-        self.compiles = 0
-        self.graphs = 0
-        self.checks = 0
-        self.compile_seconds = 0.0
-        self._keys: set[tuple] = set()
         self.needs_check = False
         self._counts: tuple[torch.Tensor, int, torch.Tensor] | None = None
         self._numbers_seen: tuple[torch.Tensor, int] | None = None
         self._elements_checked: set[int] = set()
-        # NOTE [one cache per call]: dynamo keeps compiled graphs, and counts recompiles
-        # against its limit, per code object; a fresh copy of the function gives every
-        # CompiledForceCall its own (a process that builds many models never hits the limit
-        # through the others' graphs, and the graphs go with their CompiledForceCall)
-        self._compiled = torch.compile(_fresh_copy(_padded_call), backend=self._counting_backend, dynamic=False)
-
-    @property
-    def recompiles(self) -> int:
-        return max(self.compiles - 1, 0)
 
     def __call__(self, batch: Batch, compute_stress: bool = False) -> dict:
         _check_compilable(batch)
@@ -134,25 +166,9 @@ class CompiledForceCall:
         padded = pad_to_caps(batch, self.caps, self.reach, counts=self._atoms_per_system(batch))
         key = _shape_key(padded, compute_stress)
         new_shapes = key not in self._keys
-        graphs_before, start = self.graphs, time.perf_counter()
-        # always under no_grad: the grad mode is part of dynamo's guards (an integrator calls
-        # under no_grad, a user's script with grad on), and the force call enables grad for
-        # its own backward anyway. Outputs are detached: compiled calls are not for training
-        with torch._dynamo.config.patch(trace_autograd_ops=True, recompile_limit=RECOMPILE_LIMIT,
-                                        fail_on_recompile_limit_hit=True), torch.no_grad():
-            outputs = self._compiled(self.model_call, padded, compute_stress)
         # new shapes that reach no new graph passed the guards of an old one (they differ in
         # a field the model does not read): that graph is valid for them, and checked below
-        compiled_now = self.graphs > graphs_before
-        if self.graphs == 0:
-            raise RuntimeError(
-                "DomainConfig(compile=True): torch.compile produced no graph (it ran the force call "
-                "eagerly, e.g. under torch._dynamo.disable); run with compile=False or call the "
-                "model outside what disables dynamo"
-            )
-        if compiled_now:
-            self.compiles += 1
-            self.compile_seconds += time.perf_counter() - start
+        outputs, compiled_now = self._run_compiled(self.model_call, padded, compute_stress)
         self._keys.add(key)
         result = unpad_outputs(outputs, self.caps.atoms, atoms, batch.num_systems)
         structure_changed = self._structure_changed(batch)  # always: it also remembers what it saw
@@ -161,10 +177,6 @@ class CompiledForceCall:
         if self.check_eager and self.needs_check:
             self._compare_with_eager(batch, compute_stress, result)
         return result
-
-    def _counting_backend(self, gm, example_inputs):
-        self.graphs += 1
-        return torch._dynamo.lookup_backend(self.backend)(gm, example_inputs)
 
     def _atoms_per_system(self, batch: Batch) -> torch.Tensor:
         """Counted (a ``bincount``: a host sync on CUDA) only when the system index changes."""
@@ -254,11 +266,8 @@ def pad_to_caps(batch: Batch, caps: Caps, reach: float, counts: torch.Tensor | N
         "cell": lambda v: torch.cat([v.detach(), (torch.eye(3, dtype=v.dtype, device=device) * (reach + 1.0))[None]]),
         "pbc": lambda v: torch.cat([v, v.new_ones(1, *v.shape[1:])]),
     })
-    padded = _FixedCounts._from_dicts(node, system)
     counts = batch.atoms_per_system if counts is None else counts
-    counts = torch.cat([counts, counts.new_full((1,), extra)])
-    object.__setattr__(padded, "_counts", counts)
-    object.__setattr__(padded, "_ptr", torch.cat([counts.new_zeros(1), counts.cumsum(0)]))
+    padded = FixedCounts.of(node, system, torch.cat([counts, counts.new_full((1,), extra)]))
     padded.neighbors = _padded_list(batch.neighbors, caps.edges, atoms, extra, dtype)
     padded.n_owned = atoms
     return padded
@@ -304,13 +313,21 @@ def _padded_list(source: NeighborList, slots: int, atoms: int, extra: int, dtype
                         torch.cat([source.unit_shifts, shifts]), source.cutoff, source.full_list, padded=True)
 
 
-class _FixedCounts(Batch):
-    """A padded batch whose atoms per system are known: ``ptr`` without a ``bincount``
-    (a data-dependent op that would break the compiled graph)."""
+class FixedCounts(Batch):
+    """A batch whose atoms per system are known: ``ptr`` without a ``bincount`` (a
+    data-dependent op that breaks a compiled graph, and a host read a CUDA graph's capture
+    refuses: NOTE [host reads under capture] in mlipdd.distributed.cuda_graph)."""
+
+    @classmethod
+    def of(cls, node: dict, system: dict, counts: torch.Tensor) -> FixedCounts:
+        batch = cls._from_dicts(node, system)
+        object.__setattr__(batch, "_counts", counts)
+        object.__setattr__(batch, "_ptr", torch.cat([counts.new_zeros(1), counts.cumsum(0)]))
+        return batch
 
     @property
     def ptr(self) -> torch.Tensor:
-        fixed = self.__dict__.get("_ptr")
+        fixed = self.__dict__.get("_ptr")  # absent on a copy (.to, .clone): counted again
         return fixed if fixed is not None else Batch.ptr.fget(self)
 
     @property

@@ -93,8 +93,6 @@ from mlipdd.strategy.outputs import consolidate_outputs
 __all__ = ["CompiledHaloCall", "HaloRows", "compiled_on_ranks", "is_energy_model", "receptive_hops",
            "refusal_on_ranks"]
 
-OWNED = OWNED_ROWS  # a float node field: 1 on owned rows, 0 on ghost rows (float: not an integer input)
-
 
 def is_energy_model(model) -> bool:
     """Whether the wrapper's forces come from the base class's autograd of ``atomic_energies``."""
@@ -159,8 +157,8 @@ def refusal_on_ranks(model, world_size: int) -> InputError | None:
 
 class HaloRows:
     """The plain ``[owned | ghost]`` rows of a spatial strategy's halo plan, and their
-    consolidation: what the compiled region reads and returns (no ShardTensor, so neither
-    dispatch runs here; the eager checks run the strategy's own). A halo strategy's plan is
+    consolidation: what the compiled region reads and returns (no ShardTensor, so the dispatch
+    does not run here; the eager checks run the strategy's own). A halo strategy's plan is
     its own state; a sharded one keeps the halo plan its request table is rewritten from
     (NOTE [sharded, compiled])."""
 
@@ -183,7 +181,7 @@ class HaloRows:
 
     def rows(self, batch: Batch) -> Batch:
         """This rank's rows as plain tensors, ghost rows refreshed from their owners (one
-        exchange), with the owned-row marker (`OWNED`) and the plan's list."""
+        exchange), with the owned-row marker (`OWNED_ROWS`) and the plan's list."""
         state = self.state
         positions = batch.positions.detach()
         node = {"positions": positions, "atomic_numbers": batch.atomic_numbers, "batch": batch.batch,
@@ -198,7 +196,7 @@ class HaloRows:
             node.update({name: pad(value, state.plan) for name, value in model_inputs(batch).items()})
         owned = torch.zeros(state.plan.n_padded, dtype=positions.dtype, device=positions.device)
         owned[: state.plan.n_owned] = 1.0
-        node[OWNED] = owned
+        node[OWNED_ROWS] = owned
         plain = Batch._from_dicts(node, dict(batch.system))
         plain.neighbors, plain.n_owned = state.neighbors, batch.num_atoms
         return plain
@@ -236,9 +234,8 @@ class CompiledHaloCall:
 
     ``batch``: this rank's owned atoms, prepared (`HaloRows` makes the plain rows of it);
     ``eager_call()`` runs the strategy's eager distributed forward and consolidation (for the
-    checks: the dispatch the run chose); ``installing(rows)`` is entered
-    around the compiled call only (the spec's adapters; the eager call installs its own). Counters as in
-    `CompiledForceCall` (``inner``). ``hops``: the layers an energy reads (NOTE [deep ghost
+    checks); ``installing(rows)`` is entered around the compiled call only (the spec's adapters;
+    the eager call installs its own). Counters: `CompileCounts` (``inner``). ``hops``: the layers an energy reads (NOTE [deep ghost
     shell]); with more than one, the strategy's shell must have been deepened (`deepen_halo`)."""
 
     def __init__(self, model, rows: HaloRows, spec, group, reach: float, backend: str, headroom: float,
@@ -303,7 +300,7 @@ class CompiledHaloCall:
             else:
                 used = positions
             energies = self.model.atomic_energies(batch, used, cell)
-            energy = per_system_sum(energies * batch.node[OWNED], batch)
+            energy = per_system_sum(energies * batch.node[OWNED_ROWS], batch)
             grads = torch.autograd.grad(energy.sum(), inputs)
         out = {"energy": energy, "energies": energies, "forces": -grads[0]}
         if compute_stress:

@@ -23,35 +23,27 @@ in mlipdd.distributed.compiled), the decision agreed first: both paths issue col
 from __future__ import annotations
 
 import contextlib
-import time
-
-import torch
 
 from mlipdd.comm import agree_on_errors, any_rank
-from mlipdd.distributed.compiled import (
-    RECOMPILE_LIMIT,
-    _fresh_copy,
-    _padded_call,
-    differs_from_eager,
-)
+from mlipdd.distributed.compiled import CompileCounts, differs_from_eager
 from mlipdd.shard.graph_partition import PartitionScope, partition_scope
 from mlipdd.shard.traced_collectives import traced_partition
 
 __all__ = ["CompiledPartitionCall"]
 
 
-class CompiledPartitionCall:
+class CompiledPartitionCall(CompileCounts):
     """``call(batch, compute_stress, eager_call, installing) -> consolidated outputs``.
 
     ``batch``: this rank's owned block; the compiled call gets the full geometry of it, plain,
     with the partition's plain scope (NOTE [plain inside the compiled call]); ``model_call(batch,
     stress)``: the model's force call (compiled), run inside that scope and ``installing(rows)``
     (graph breaks run eagerly and read the partition from there); ``eager_call()``: the strategy's
-    eager forward and consolidation, on the run's dispatch (the checks). Counters as in
-    `CompiledForceCall` (no caps: NOTE [no caps under graph partition]).
+    eager forward and consolidation (the checks). Counters: `CompileCounts` (no caps: NOTE
+    [no caps under graph partition]).
 
     # NOTE [plain inside the compiled call]
-    Traced, the helpers are functional collectives on plain tensors whatever the dispatch
+    Traced, the helpers are functional collectives on plain tensors
     (`mlipdd.shard.traced_collectives`); a graph break runs them eagerly, and there they read the
     active scope: a plain one (no aten context), so both sides of a break hand plain tensors and
     the outputs are consolidated as plain partials (`consolidate_plain`: stress partials summed,
@@ -60,52 +52,28 @@ class CompiledPartitionCall:
     caps = None
 
     def __init__(self, model_call, strategy, spec, group, autograd_outputs, backend: str = "inductor"):
+        super().__init__(backend, dynamic=None)
         self.model_call = model_call
         self.strategy = strategy
         self.spec = spec
         self.group = group
         self.autograd_outputs = autograd_outputs
-        self.backend = backend
-        self.compiles = 0
-        self.graphs = 0
-        self.checks = 0
-        self.compile_seconds = 0.0
         self.traced_collectives = 0  # functional collectives dynamo put in the graphs (none: nothing was traced)
-        self._keys: set[tuple] = set()
-        self._compiled = torch.compile(_fresh_copy(_padded_call), backend=self._counting_backend, dynamic=None)
-
-    @property
-    def recompiles(self) -> int:
-        return max(self.compiles - 1, 0)
 
     def _counting_backend(self, gm, example_inputs):
-        self.graphs += 1
         self.traced_collectives += sum(_is_functional_collective(node.target) for node in gm.graph.nodes)
-        return torch._dynamo.lookup_backend(self.backend)(gm, example_inputs)
+        return super()._counting_backend(gm, example_inputs)
 
     def __call__(self, batch, compute_stress: bool, eager_call, installing=lambda rows: contextlib.nullcontext()) -> dict:
         rows = self.last_rows = self.strategy.full_geometry(batch)
         scope = PartitionScope(self.strategy.state.partition)  # plain: NOTE [plain inside the compiled call]
         compute_stress = bool(compute_stress)
-        graphs_before, start = self.graphs, time.perf_counter()
         with contextlib.ExitStack() as stack:
             stack.enter_context(installing(rows))  # the spec's adapters (the eager check installs its own)
             stack.enter_context(partition_scope(scope))
             holder = stack.enter_context(traced_partition(scope.partition))
-            stack.enter_context(torch._dynamo.config.patch(trace_autograd_ops=True, recompile_limit=RECOMPILE_LIMIT,
-                                                           fail_on_recompile_limit_hit=True))
-            stack.enter_context(torch.no_grad())
-            outputs = self._compiled(self.model_call, rows, compute_stress)
+            outputs, compiled_now = self._run_compiled(self.model_call, rows, compute_stress)
             scope.used = scope.used or holder.asked
-        if self.graphs == 0:
-            raise RuntimeError(
-                "DomainConfig(compile=True): torch.compile produced no graph (it ran the force call "
-                "eagerly, e.g. under torch._dynamo.disable); run with compile=False"
-            )
-        compiled_now = self.graphs > graphs_before
-        if compiled_now:
-            self.compiles += 1
-            self.compile_seconds += time.perf_counter() - start
         key = compute_stress
         first = key not in self._keys
         self._keys.add(key)

@@ -38,7 +38,7 @@ from mlipdd.comm import group_size
 
 __all__ = ["OWNED_ROWS", "summing_over_ranks", "system_sum"]
 
-OWNED_ROWS = "_mlipdd_owned"  # a float node field: 1 on owned (and padding) rows, 0 on ghost rows
+OWNED_ROWS = "_mlipdd_owned"  # 1 on owned (and padding) rows, 0 on ghost rows; float: not an integer input
 
 
 class _Ranks:

@@ -61,9 +61,11 @@ from dataclasses import dataclass
 import torch
 
 from mlipdd.data import Batch, InputError
+from mlipdd.distributed.compiled import FixedCounts
 from mlipdd.neighbors import NeighborList
+from mlipdd.strategy.skin import edges_in_cutoff
 
-__all__ = ["GraphedForceCall", "StaticInputs", "capture_graph", "edges_within", "fill_edges", "null_edges", "null_shifts",
+__all__ = ["GraphedForceCall", "StaticInputs", "capture_graph", "fill_edges", "null_edges", "null_shifts",
            "pad_with_null_edges"]
 
 ForceCall = Callable[[Batch, bool], dict]
@@ -111,7 +113,9 @@ class GraphedForceCall:
         self._check(batch)
         compute_stress = bool(compute_stress)
         if self.trim_to is not None:
-            batch = _with_neighbors(batch, edges_within(batch.neighbors, batch, self.trim_to + TRIM_MARGIN))
+            trimmed = edges_in_cutoff(batch.neighbors, batch.positions, batch.cell, batch.batch,
+                                      self.trim_to + TRIM_MARGIN)
+            batch = _with_neighbors(batch, trimmed)
         captured = self._graphs.get(compute_stress)
         if captured is None or not captured.inputs.holds(batch, compute_stress):
             captured = self._capture(batch, compute_stress)
@@ -200,21 +204,6 @@ def check_graphable(batch: Batch) -> None:
         )
 
 
-class _FixedLayoutBatch(Batch):
-    """A `Batch` whose atoms-per-system are fixed for its lifetime, so ``ptr`` is computed
-    once: the default counts with ``bincount``, a host read (NOTE [host reads under capture])."""
-
-    @property
-    def ptr(self) -> torch.Tensor:
-        fixed = self.__dict__.get("_ptr")  # absent on a copy (.to, .clone): counted again
-        return fixed if fixed is not None else Batch.ptr.fget(self)
-
-    @property
-    def atoms_per_system(self) -> torch.Tensor:
-        fixed = self.__dict__.get("_counts")
-        return fixed if fixed is not None else Batch.atoms_per_system.fget(self)
-
-
 class StaticInputs:
     """The tensors a graph reads: allocated once from ``batch``, refreshed by `load`.
 
@@ -234,10 +223,8 @@ class StaticInputs:
             for name, value in store.items():
                 out[name] = value.detach().clone() if torch.is_tensor(value) else value
         node["positions"].requires_grad_(True)  # a leaf: the force backward differentiates it
-        self.batch = _FixedLayoutBatch._from_dicts(node, system)
-        counts = Batch.atoms_per_system.fget(self.batch)  # host read here, never at replay
-        object.__setattr__(self.batch, "_counts", counts)
-        object.__setattr__(self.batch, "_ptr", torch.cat([counts.new_zeros(1), counts.cumsum(0)]))
+        counts = Batch.atoms_per_system.fget(batch)  # counted (a host read) here, never at replay
+        self.batch = FixedCounts.of(node, system, counts)
         _check_cells(self.batch.cell)
         self._null = null_edges(self.capacity, self.batch.cell, self.batch.batch, self.reach, source)
         self.batch.neighbors = NeighborList(self._null.edge_index.clone(), self._null.unit_shifts.clone(),
@@ -329,18 +316,6 @@ def pad_with_null_edges(source: NeighborList, batch: Batch, capacity: int,
                           padded=True)
     fill_edges(target, source, null)
     return target
-
-
-def edges_within(neighbors: NeighborList, batch: Batch, radius: float) -> NeighborList:
-    """The edges of ``neighbors`` shorter than ``radius`` at ``batch``'s positions now, in
-    their order. One host read (how many), and a handful of kernels."""
-    with torch.no_grad():
-        vectors = neighbors.edge_vectors(batch.positions.detach(), batch.cell.detach(), batch.batch)
-        index = ((vectors * vectors).sum(dim=1) < radius * radius).nonzero().squeeze(1)
-    # the list now holds exactly the pairs within ``radius``: say so (a model that filters
-    # longer edges itself can then skip its own filter and its host reads)
-    return NeighborList(neighbors.edge_index.index_select(1, index), neighbors.unit_shifts.index_select(0, index),
-                        min(radius, neighbors.cutoff), neighbors.full_list)
 
 
 def null_shifts(cell: torch.Tensor, reach: float) -> torch.Tensor:

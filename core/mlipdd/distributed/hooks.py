@@ -139,7 +139,6 @@ class SnapshotCache:
         self.group = group
         self._key = None
         self._value = None
-        self.gathers = 0
 
     def get(self, ctx: HookContext, stage, to_all: bool) -> Batch | None:
         batch = ctx.batch
@@ -148,7 +147,6 @@ class SnapshotCache:
             return self._value
         self._value = gather_batch(batch, self.group, to_all=to_all)
         self._key = key
-        self.gathers += 1
         return self._value
 
     def clear(self) -> None:

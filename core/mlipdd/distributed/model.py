@@ -27,12 +27,13 @@ from mlipdd.distributed.compiled import CompiledForceCall
 from mlipdd.distributed.compiled_halo import CompiledHaloCall, compiled_on_ranks
 from mlipdd.distributed.compiled_partition import CompiledPartitionCall
 from mlipdd.distributed.config import DomainConfig, resolve_strategy
-from mlipdd.distributed.cuda_graph import TRIM_MARGIN, GraphedForceCall, edges_within
+from mlipdd.distributed.cuda_graph import TRIM_MARGIN, GraphedForceCall
 from mlipdd.distributed.empty_rank import explained_on_an_empty_rank
 from mlipdd.plugins import get_strategy
 from mlipdd.shard.custom_ops import activated
 from mlipdd.spec.patching import installed
 from mlipdd.strategy.halo import HaloStrategy
+from mlipdd.strategy.skin import edges_in_cutoff
 
 
 def resolve_spec(model, strategy: str, spec=None):
@@ -258,9 +259,9 @@ class DistributedModel(nn.Module):
 
     def _compiled_ranks_call(self, batch: Batch, compute_stress: bool, autograd_outputs) -> dict:
         """Compiled with collectives (`mlipdd.distributed.compiled_halo`, `compiled_partition`).
-        The compiled region reads plain rows of its own, so neither dispatch runs in it; its
-        checks run the eager distributed forward on the run's dispatch, the strategy's rows made
-        only for a check (collective: every rank checks, or none)."""
+        The compiled region reads plain rows of its own, so the dispatch does not run in it; its
+        checks run the eager distributed forward, the strategy's rows made only for a check
+        (collective: every rank checks, or none)."""
         partition = isinstance(self._compiled_ranks, CompiledPartitionCall)
 
         def eager():
@@ -297,7 +298,8 @@ class DistributedModel(nn.Module):
         if getattr(neighbors.edge_index, "_meta", None) is not None:  # edge rows a strategy tracks
             return model_batch
         view = Batch._from_dicts(dict(model_batch.node), dict(model_batch.system))
-        view.neighbors = edges_within(neighbors, model_batch, self.config.cutoff + TRIM_MARGIN)
+        view.neighbors = edges_in_cutoff(neighbors, model_batch.positions, model_batch.cell, model_batch.batch,
+                                         self.config.cutoff + TRIM_MARGIN)
         view.n_owned = getattr(model_batch, "n_owned", None)
         return view
 

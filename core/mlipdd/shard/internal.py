@@ -1,7 +1,7 @@
 """mlipdd's own tensors, left plain by the aten factory mode (NOTE [internal factories]).
 
 # NOTE [internal factories]
-While a model runs under an aten strategy, every factory's result is a replicated
+While a model runs under a spatial strategy, every factory's result is a replicated
 ShardTensor (NOTE [aten factories] in `mlipdd.shard.aten.factories`), ``x.new_zeros(n)``
 and ``torch.zeros_like(x)`` of a plain ``x`` (a parameter) included: a model that fills
 one in place by the edge index gets atom rows. mlipdd's own code runs inside that scope

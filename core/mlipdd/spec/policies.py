@@ -1,18 +1,10 @@
-"""Storage policies: where a rank keeps its per-atom rows and how ops cross ranks.
+"""Storage policies: where a rank keeps its per-atom rows.
 
-A policy is a frozen dataclass. Its ``scatter`` rule says what a ``scatter_add`` into
-node rows does, its ``gather`` rule what an ``index_select`` of node rows does, and
-``system_reductions`` whether a scatter into per-system rows becomes local sum +
-all_reduce. The rules are fields, so a validator can derive a variant with
-``dataclasses.replace(policy, scatter="local")``.
-
-Rule vocabulary:
-
-* scatter: ``"halo_correction"`` (ghost partials go back to their owners, then ghost
-  rows are refreshed), ``"distributed"`` (rows travel to their owner rank),
-  ``"local"`` (nothing crosses ranks).
-* gather: ``"halo_read"`` (ghost rows are served from the local mirror),
-  ``"distributed"`` (rows are fetched from their owner), ``"local"``.
+A policy is a frozen dataclass whose ``kind`` names the row layout a strategy serves
+(``accepts``). What crosses ranks is decided per tensor by its placement in the aten
+dispatch, not by the policy: the ``scatter`` / ``gather`` / ``system_reductions`` fields
+the policies once carried were read by the deleted torch-function dispatch only, and
+spec files that still hold them load with them ignored (`mlipdd.spec.serialize`).
 """
 
 from __future__ import annotations
@@ -35,25 +27,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class _PolicyBase:
-    """Shared predicates and rule checks; use one of the concrete policies."""
+    """Shared predicates; use one of the concrete policies."""
 
     kind: ClassVar[str] = ""
-    allowed_scatter: ClassVar[frozenset[str]] = frozenset()
-    allowed_gather: ClassVar[frozenset[str]] = frozenset()
-
-    def __post_init__(self) -> None:
-        for rule, allowed in (("scatter", self.allowed_scatter), ("gather", self.allowed_gather)):
-            value = getattr(self, rule)
-            if value not in allowed:
-                raise SpecError(
-                    f"{type(self).__name__} does not support {rule}={value!r}; "
-                    f"use one of {sorted(allowed)} or pick another policy"
-                )
-        if not isinstance(self.system_reductions, bool):
-            raise SpecError(
-                f"{type(self).__name__}.system_reductions must be True or False, "
-                f"not {self.system_reductions!r}"
-            )
 
     def is_halo(self) -> bool:
         return self.kind == "halo"
@@ -83,19 +59,13 @@ class HaloStoragePolicy(_PolicyBase):
     """Rows are ``[owned | ghost]``; ghost rows mirror remote owners (MACE, LJ, Ewald)."""
 
     kind: ClassVar[str] = "halo"
-    allowed_scatter: ClassVar[frozenset[str]] = frozenset({"halo_correction", "local"})
-    allowed_gather: ClassVar[frozenset[str]] = frozenset({"halo_read", "local"})
 
-    scatter: str = "halo_correction"
-    gather: str = "halo_read"
-    system_reductions: bool = True
     # NOTE [own graph]: a model that builds its own open-boundary graph over the padded
     # rows (UMA) ignores the periodic local list, so it needs every periodic image within
     # the halo as a ghost row, also along the axes the rank grid does not cut.
     builds_own_graph: bool = False
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if not isinstance(self.builds_own_graph, bool):
             raise SpecError(f"HaloStoragePolicy.builds_own_graph must be True or False, not {self.builds_own_graph!r}")
 
@@ -106,12 +76,6 @@ class ShardedStoragePolicy(_PolicyBase):
     wire (models with a per-system reduction in every layer, such as AIMNet2)."""
 
     kind: ClassVar[str] = "sharded"
-    allowed_scatter: ClassVar[frozenset[str]] = frozenset({"distributed", "local"})
-    allowed_gather: ClassVar[frozenset[str]] = frozenset({"distributed", "local"})
-
-    scatter: str = "distributed"
-    gather: str = "distributed"
-    system_reductions: bool = True
 
 
 @dataclass(frozen=True)
@@ -120,12 +84,6 @@ class LocalPolicy(_PolicyBase):
     or blocks whose inputs are already complete on every rank)."""
 
     kind: ClassVar[str] = "local"
-    allowed_scatter: ClassVar[frozenset[str]] = frozenset({"local"})
-    allowed_gather: ClassVar[frozenset[str]] = frozenset({"local"})
-
-    scatter: str = "local"
-    gather: str = "local"
-    system_reductions: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,12 +95,6 @@ class GraphPartitionPolicy(_PolicyBase):
     """
 
     kind: ClassVar[str] = "graph_partition"
-    allowed_scatter: ClassVar[frozenset[str]] = frozenset({"local"})
-    allowed_gather: ClassVar[frozenset[str]] = frozenset({"local"})
-
-    scatter: str = "local"
-    gather: str = "local"
-    system_reductions: bool = True
 
 
 StoragePolicy = HaloStoragePolicy | ShardedStoragePolicy | LocalPolicy | GraphPartitionPolicy

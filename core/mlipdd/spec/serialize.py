@@ -3,7 +3,7 @@
 Layout (version 1)::
 
     {"format": "mlipdd-spec", "version": 1, "name": "...",
-     "policy": {"kind": "halo", "scatter": ..., "gather": ..., "system_reductions": true},
+     "policy": {"kind": "halo", "builds_own_graph": false},
      "custom_ops": [{"op": "ns::op", "arg_transforms": {"0": {"type": "SliceOwned"}},
                      "output_transforms": {...}}],
      "third_party_helpers": [{"type": "method", "module_path": ..., "class_name": ...,
@@ -329,6 +329,10 @@ def _transforms_from_json(data: Any, where: str) -> dict[int, Any]:
 
 # spec files written before the policy took its strategy's name still load
 _RENAMED_POLICY_KINDS = {"graph_parallel": "graph_partition"}
+# NOTE [retired policy keys]: files written before the aten dispatch hold the policy's
+# scatter / gather / system_reductions rules; the dispatch places each tensor itself and
+# never read them, so they load (type-checked, so a corrupt file is still named) and are dropped
+_RETIRED_POLICY_KEYS = {"scatter": str, "gather": str, "system_reductions": bool}
 
 
 def _policy_from_json(data: Any) -> Any:
@@ -339,7 +343,9 @@ def _policy_from_json(data: Any) -> Any:
         raise SpecError(
             f"spec file names unknown policy kind {_short(kind)}; known: {sorted(POLICY_KINDS)}"
         )
-    rules = {k: v for k, v in data.items() if k != "kind"}
+    for name, type_ in _RETIRED_POLICY_KEYS.items():
+        _optional(data, name, type_, "policy", None)
+    rules = {k: v for k, v in data.items() if k != "kind" and k not in _RETIRED_POLICY_KEYS}
     cls = POLICY_KINDS[kind]
     defaults = cls().rules()
     _check_keys(rules, set(defaults), "policy")

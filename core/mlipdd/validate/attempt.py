@@ -1,10 +1,10 @@
 """One validation attempt: spawn ranks with a candidate spec and compare with the reference.
 
 The worker reuses the conformance kit's `distributed_outputs` (partition from rank 0,
-one distributed forward) and adds the rank's rule firings, so the
-report can say which dispatch rules the run actually exercised, what the rank's model could see of the
-system (NOTE [conclusive sample] in `mlipdd.validate.coverage`) and which ops on rows ran
-without a rule (`mlipdd.validate.rank_trace`).
+one distributed forward) and adds the rank's rule firings, so the report can say which
+aten rules the run exercised, what the rank's model could see of the system (NOTE
+[conclusive sample] in `mlipdd.validate.coverage`) and what the dispatch took on the
+model's word (`mlipdd.validate.rank_trace`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ REPLICATED_OUTPUTS = ("energy", "stress")
 
 
 def validation_worker(rank, world_size, model_factory, samples, spec, config_kwargs, compute_stress):
-    """Spawned rank: one distributed forward per sample, each with which dispatch rules
-    fired (the aten dispatch's rules as its trace saw them), what the model saw of the system and the ops the dispatch did not
-    check (ops on rows without a rule; under aten what it took on the model's word)."""
+    """Spawned rank: one distributed forward per sample, each with the aten rules that fired,
+    what the model saw of the system and what the dispatch took on the model's word."""
     outs = []
     for batch in samples:
         traces = []

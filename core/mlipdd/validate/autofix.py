@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from mlipdd.spec import HaloStoragePolicy, MLIPSpec, OutputKind, ShardedStoragePolicy
+from mlipdd.spec import MLIPSpec, OutputKind
 from mlipdd.testing.conformance import relative_difference
 from mlipdd.validate.report import Attempt, ValidationReport
 from mlipdd.validate.strategies import strategy_preset
@@ -23,7 +23,6 @@ Rule = Callable[[ValidationReport, MLIPSpec], "MLIPSpec | None"]
 
 # how close a recognised pattern must be: loose, since a wrong spec is wrong by O(1)
 _PATTERN_TOL = 1e-6
-_SYSTEM_REDUCTION_HANDLERS = ("per_system_reduce", "global_sum")
 
 
 def _matches(value, reference) -> bool:
@@ -69,48 +68,6 @@ def drop_redundant_all_reduce(report: ValidationReport, spec: MLIPSpec):
     return spec.replace(all_reduce_outputs=spec.all_reduce_outputs - redundant) if redundant else None
 
 
-def swap_local_scatter_for_halo_correction(report: ValidationReport, spec: MLIPSpec):
-    """Symptom: energy or forces wrong under a local policy or a halo policy with
-    ``scatter="local"``: messages scattered into ghost rows never reach their owners and
-    ghost features go stale after the first layer (owned atoms near the boundary are
-    wrong). Fix: halo storage with halo-corrected scatters and halo reads."""
-    attempt, policy = report.last, spec.policy
-    if attempt.error or not (_wrong(attempt, "energy") or _wrong(attempt, "forces")):
-        return None
-    if policy.is_local():
-        return spec.replace(policy=HaloStoragePolicy())
-    if policy.is_halo() and policy.scatter == "local":
-        return spec.replace(policy=HaloStoragePolicy("halo_correction", "halo_read", policy.system_reductions))
-    return None
-
-
-def route_sharded_reads_and_scatters(report: ValidationReport, spec: MLIPSpec):
-    """Symptom: under sharded storage, a policy with a ``"local"`` rule and either a wrong
-    energy/forces or an index past the rank's rows: with ``gather="local"`` a read of a
-    remote atom (a sender owned elsewhere) indexes rows this rank does not store; with
-    ``scatter="local"`` contributions to remote rows never reach their owners. Fix: both
-    rules ``"distributed"`` (reads routed to owners, scatters sent to them)."""
-    attempt, policy = report.last, spec.policy
-    if report.strategy != "sharded" or not policy.is_sharded() or "local" not in (policy.scatter, policy.gather):
-        return None
-    out_of_rows = bool(attempt.error) and "out of bounds for dimension 0" in attempt.error
-    if not (out_of_rows or _wrong(attempt, "energy") or _wrong(attempt, "forces")):
-        return None
-    return spec.replace(policy=ShardedStoragePolicy("distributed", "distributed", policy.system_reductions))
-
-
-def enable_system_reductions(report: ValidationReport, spec: MLIPSpec):
-    """Symptom: energy wrong and no per-system reduction handler fired: each rank summed
-    its own rows (ghost mirrors included) into the per-system energy without a cross-rank
-    sum. Fix: ``system_reductions=True`` on the policy."""
-    attempt, policy = report.last, spec.policy
-    if attempt.error or not _wrong(attempt, "energy") or policy.system_reductions or policy.is_local():
-        return None
-    if any(attempt.handlers_fired.get(h) for h in _SYSTEM_REDUCTION_HANDLERS):
-        return None
-    return spec.replace(policy=type(policy)(**{**policy.rules(), "system_reductions": True}))
-
-
 def promote_partial_outputs(report: ValidationReport, spec: MLIPSpec):
     """Symptom: a per-system output (energy, stress) differs on every rank, yet the ranks'
     values add up to the single-process value: each rank holds a partial sum (stress from
@@ -127,25 +84,6 @@ def promote_partial_outputs(report: ValidationReport, spec: MLIPSpec):
         if _matches(torch.stack(copies).sum(0), report.reference.get(name)):
             partial.add(name)
     return spec.replace(all_reduce_outputs=spec.all_reduce_outputs | partial) if partial else None
-
-
-def swap_halo_correction_for_local(report: ValidationReport, spec: MLIPSpec):
-    """Symptom: forces too large where atoms have ghosts, energy fine: ghost contributions
-    are counted twice, because the model already completes its per-atom sums on each rank
-    (e.g. it builds its own neighbour list with ghost receivers) and the halo correction
-    adds the ghost partials on top. Fix: ``scatter="local"``."""
-    attempt, policy = report.last, spec.policy
-    if attempt.error or not policy.is_halo() or policy.scatter != "halo_correction":
-        return None
-    if not _wrong(attempt, "forces") or _wrong(attempt, "energy"):
-        return None
-    forces, reference = attempt.outputs.get("forces"), report.reference.get("forces")
-    if forces is None or reference is None:
-        return None
-    bad = (forces - reference).norm(dim=-1) > attempt.diffs["forces"].tol * float(reference.abs().max())
-    if not bool(bad.any()) or not bool(forces[bad].norm(dim=-1).mean() > reference[bad].norm(dim=-1).mean()):
-        return None
-    return spec.replace(policy=HaloStoragePolicy("local", policy.gather, policy.system_reductions))
 
 
 def toggle_owned_only_forces(report: ValidationReport, spec: MLIPSpec):
@@ -166,23 +104,18 @@ def toggle_owned_only_forces(report: ValidationReport, spec: MLIPSpec):
 
 
 # NOTE [auto-fix under aten]
-# The aten dispatch (halo and sharded storage) places every tensor itself: the policy's
-# scatter / gather / system_reductions and the spec's all_reduce_outputs /
-# owned_only_outputs are not read there, so a rule that changes them would only rerun the
-# same answer. What the aten dispatch reports is a refusal naming the op and its fix (the
-# translator turns it into the diagnosis) or a wrong answer from what it took on the
-# model's word (the rank trace names it); of the rules, only the one that answers the
-# strategy's own refusal of the policy applies there.
+# The aten dispatch (halo and sharded storage) places every tensor itself: the spec's
+# all_reduce_outputs / owned_only_outputs are not read there, so a rule that changes them
+# would only rerun the same answer. What the aten dispatch reports is a refusal naming the
+# op and its fix (the translator turns it into the diagnosis) or a wrong answer from what
+# it took on the model's word (the rank trace names it); of the rules, only the one that
+# answers the strategy's own refusal of the policy applies there.
 PLACEMENT_RULES: tuple[Rule, ...] = (use_the_strategy_policy,)
 
 AUTOFIX_RULES: tuple[Rule, ...] = (
     use_the_strategy_policy,
-    route_sharded_reads_and_scatters,
     drop_redundant_all_reduce,
-    swap_local_scatter_for_halo_correction,
-    enable_system_reductions,
     promote_partial_outputs,
-    swap_halo_correction_for_local,
     toggle_owned_only_forces,
 )
 

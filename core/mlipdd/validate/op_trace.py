@@ -1,15 +1,11 @@
 """A lightweight record of the torch ops a model runs, single-process.
 
 `OpTrace` is a ``TorchFunctionMode``: every torch function, tensor method and
-``torch.ops`` call made while it is active is counted by name. Two things in it matter
-to validation:
-
-* opaque ops: calls into ``torch.ops.<namespace>`` other than aten/prim (custom ops
-  wrapping Warp, Triton or C++ kernels). The ShardTensor dispatch cannot see inside
-  them, so a per-atom accumulation done there misses the other ranks' contributions
-  unless the spec declares an ``OpAdapter``;
-* aggregations without an exact cross-rank rule (``index_put_``, ``bincount``, ...),
-  which a diagnosis can name when the distributed answer is wrong.
+``torch.ops`` call made while it is active is counted by name. What matters to
+validation is the opaque ops: calls into ``torch.ops.<namespace>`` other than aten/prim
+(custom ops wrapping Warp, Triton or C++ kernels). The ShardTensor dispatch cannot see
+inside them, so a per-atom accumulation done there misses the other ranks'
+contributions unless the spec declares an ``OpAdapter``.
 """
 
 from __future__ import annotations
@@ -21,13 +17,6 @@ from torch.overrides import TorchFunctionMode
 
 # Namespaces of torch's own decomposed ops: the dispatch understands these.
 _TORCH_NAMESPACES = frozenset({"aten", "prim", "prims"})
-
-# Ops that accumulate rows into other rows without an exact cross-rank rule;
-# if the distributed answer is wrong and one of these ran, it is a prime suspect.
-UNHANDLED_AGGREGATIONS = frozenset({
-    "index_put", "index_put_", "put", "put_", "scatter", "scatter_", "index_reduce",
-    "index_reduce_", "bincount", "segment_reduce", "_segment_reduce", "histc",
-})
 
 
 def op_name(func) -> str:
@@ -73,9 +62,6 @@ class OpTrace(TorchFunctionMode):
     def opaque_ops(self) -> list[str]:
         """Opaque custom ops called, as ``ns::op.overload``, most frequent first."""
         return [name for name, _ in self.opaque.most_common()]
-
-    def unhandled_aggregations(self) -> list[str]:
-        return sorted(name for name in self.counts if name in UNHANDLED_AGGREGATIONS)
 
 
 def op_attribute_path(qualified: str) -> str:

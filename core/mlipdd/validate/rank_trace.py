@@ -8,9 +8,6 @@ idiom each usually stands for (`idiom_of`).
 
 from __future__ import annotations
 
-# ops that read rows by an index tensor: ordinary when the result has edge or atom rows
-_INDEX_READS = frozenset({"__getitem__", "index_select", "gather", "take", "take_along_dim"})
-
 
 def watched_model(model_factory, trace_slot: list):
     """``model_factory()`` as a wrapper whose forward runs under an `AtenRuleTrace`, appended
@@ -32,45 +29,15 @@ def watched_model(model_factory, trace_slot: list):
     return model
 
 
-# what an op that ran on rows without a rule usually means in a model, by op
-_IDIOMS = (
-    (("reshape", "view", "flatten", "ravel", "t", "transpose", "permute", "movedim", "unflatten", "T", "mT"),
-     ("a reduction over the atoms after a reshape or transpose runs over this rank's rows only "
-     "(ghost rows included under halo storage)")),
-    (("scatter_reduce", "scatter", "scatter_", "index_reduce", "index_put", "index_put_", "put", "put_"),
-     "a table with one row per element (or per some other key) filled from this rank's rows only"),
-    (("sort", "argsort", "msort", "topk", "kthvalue", "median", "nanmedian", "mode", "quantile",
-      "nanquantile", "max", "min", "amax", "amin", "argmax", "argmin"),
-     "an extreme or order statistic over the atoms sees only this rank's rows"),
-    (("cumsum", "cumprod", "cummax", "cummin", "bincount", "unique", "unique_consecutive", "diff",
-      "segment_reduce", "histc", "logcumsumexp"),
-     ("counts or offsets (bincount, cumsum) of this rank's rows: segment sums and padded neighbour "
-     "tables built from them miss what other ranks hold")),
-    (("__getitem__", "index_select", "gather", "take", "take_along_dim"),
-     ("pairs of edges (triplets) formed from this rank's edges only: the edges of a ghost atom live "
-     "on the ranks that own its neighbours, so a triplet that shares a ghost sender is missed")),
-    (("cat", "concat", "concatenate", "stack", "hstack", "vstack"),
-     ("rows joined into a tensor of another length (extra edges or nodes) that the dispatch does "
-     "not know")),
-    (("torch.arange over every row (ghost rows too)",),
-     ("indices over every row (self-loops from torch.arange(n_atoms)) include the ghost rows under "
-     "halo storage")),
-    (("torch.arange over every row (sized by this rank's rows)",
-      "torch.linspace over every row (sized by this rank's rows)"),
-     ("a tensor sized by this rank's row count (torch.arange(n_atoms), torch.arange(n_edges)) holds "
-      "other values than in one process: self-loops, positions in a table, per-row numbers")),
-    (tuple(f"torch.{name} over every row (sized by this rank's rows)" for name in ("randn", "rand", "randperm",
-                                                                                   "randint")),
-     "random numbers drawn for this rank's rows: one process draws other numbers for the same atoms"),
-    (("torch.bincount over every row (ghost rows too)",),
-     ("a count per atom by torch.bincount(index, minlength=n_atoms) counts this rank's edges only, "
-     "and a ghost atom's edges to other ranks' atoms are not among them (count with "
-     "torch.zeros(n).index_add(0, index, ones), which the scatter rules complete)")),
-)
+# NOTE [suspect idioms]: `AtenRuleTrace` names three kinds of suspects (what the dispatch
+# takes on the model's word); each stands for one idiom
+_SIZED_BY_ROWS = ("a tensor sized by this rank's row count (torch.arange(n_atoms), torch.arange(n_edges)) holds "
+                  "other values than in one process: self-loops, positions in a table, per-row numbers")
+_RANDOM = "random numbers drawn for this rank's rows: one process draws other numbers for the same atoms"
 
 
 def idiom_of(suspect: str) -> str | None:
-    """The idiom a suspect (``"op (why)"``) usually stands for, or None."""
+    """The idiom a suspect (``"op (why)"``) usually stands for, or None (NOTE [suspect idioms])."""
     name, _, why = suspect.partition(" (")
     if why.startswith("declared row-local"):
         return (f"`{name}` declared row-local (mlipdd.shard.aten.declare_row_local) although its output rows "
@@ -78,15 +45,8 @@ def idiom_of(suspect: str) -> str | None:
     if "as_atom_rows" in why:
         return ("rows declared with mlipdd.shard.as_atom_rows whose values are not exact on each rank "
                 "(computed on mlipdd.shard.local rows that miss other ranks' atoms or edges)")
-    if suspect.startswith("torch."):
-        name = suspect
-    elif name in _INDEX_READS and "picked by their position" in why:
-        return "a row picked by its place (x[0], x[:k]) is a different atom on each rank"
-    elif name in _INDEX_READS and "pairs of edges" not in why:
-        return None  # a read of something already derived: its origin is named already
-    for names, idiom in _IDIOMS:
-        if name in names:
-            return idiom
+    if why.startswith("sized by this rank's rows"):
+        return _RANDOM if name.startswith("torch.rand") else _SIZED_BY_ROWS
     return None
 
 

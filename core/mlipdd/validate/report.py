@@ -70,15 +70,13 @@ class ValidationReport:
     attempts: list[Attempt] = field(default_factory=list)
     world_size: int = 2
     strategy: str = "halo"  # the decomposition strategy the ranks ran
-    dispatch: str = ""  # the ShardTensor dispatch they ran ("aten")
-    placements_decide: bool = False  # the aten form of halo / sharded: NOTE [auto-fix under aten]
+    placements_decide: bool = False  # halo / sharded at several ranks: NOTE [auto-fix under aten]
     diffs: dict[str, OutputDiff] = field(default_factory=dict)
     handlers_fired: dict[str, int] = field(default_factory=dict)
     coverage: list = field(default_factory=list)  # per sample, a `RankView` per rank (last attempt)
     warnings: list[str] = field(default_factory=list)  # e.g. a sample too small to be conclusive
     op_counts: Counter = field(default_factory=Counter, repr=False)
     opaque_ops: list[str] = field(default_factory=list)
-    unhandled_aggregations: list[str] = field(default_factory=list)
     diagnosis: str = ""
     next_action: str = ""
     notes: list[str] = field(default_factory=list)
@@ -111,8 +109,6 @@ class ValidationReport:
         head = f"validation {status} in {n} {plural} on {self.world_size} ranks ({self.strategy} strategy)"
         head += f" (spec {spec_name!r})" if spec_name else ""
         lines = [head + (": not conclusive, see the warning" if self.ok and not self.conclusive else "")]
-        if self.dispatch:
-            lines.append(f"dispatch: {self.dispatch}")
         lines += [f"WARNING: {warning}" for warning in self.warnings]
         fixes = self.fixes_applied
         lines.append("auto-fix applied: none" if not fixes else "auto-fix applied:")
@@ -125,10 +121,7 @@ class ValidationReport:
             width = max(len(name) for name in self.diffs)
             lines += [f"  {name:<{width}}  {diff}" for name, diff in self.diffs.items()]
         fired = ", ".join(f"{k}={v}" for k, v in sorted(self.handlers_fired.items())) or "none"
-        if self.dispatch == "aten":
-            lines.append(f"aten rules fired (all ranks): {fired}")
-        else:
-            lines.append(f"handlers fired (all ranks): {fired}")
+        lines.append(f"aten rules fired (all ranks): {fired}")
         lines.append(f"opaque custom ops: {', '.join(self.opaque_ops) or 'none'}")
         if self.coverage:
             from mlipdd.validate.coverage import coverage_line
@@ -142,8 +135,7 @@ class ValidationReport:
         suspects = self.last.unruled_suspects
         if suspects and not self.ok:
             listed = ", ".join(f"{op} x{count}" for op, count in suspects.items())
-            what = "taken on the model's word" if self.dispatch == "aten" else "ops on rows without a rule"
-            lines.append(f"{what} (all ranks): {listed}")
+            lines.append(f"taken on the model's word (all ranks): {listed}")
         lines += [f"note: {note}" for note in self.notes]
         if self.diagnosis:
             lines.append(f"Diagnosis: {self.diagnosis}")

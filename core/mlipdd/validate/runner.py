@@ -58,19 +58,18 @@ def initial_spec(model, strategy: str, spec=None):
     return preset[1], f"the {strategy} default {preset[0]}"
 
 
-PLACEMENTS_NOTE = ("under the aten dispatch each tensor's placement decides what crosses ranks: the policy's "
-                   "scatter / gather / system_reductions and the spec's all_reduce_outputs / owned_only_outputs "
-                   "are not read (the auto-fix rules that change them are skipped)")
+PLACEMENTS_NOTE = ("under the aten dispatch each tensor's placement decides what crosses ranks: the spec's "
+                   "all_reduce_outputs / owned_only_outputs are not read (the auto-fix rules that change them "
+                   "are skipped)")
 
 
-def run_dispatch(model, strategy: str, world_size: int) -> tuple[str, bool]:
-    """``(dispatch, placements decide)``: the aten dispatch, and whether the strategy that runs
-    goes by placements (halo and sharded storage at several ranks) rather than reading the
-    spec's scatter / reduction fields."""
+def placements_decide(strategy: str, world_size: int) -> bool:
+    """Whether the strategy goes by placements (halo and sharded storage at several ranks)
+    rather than reading the spec's output fields (NOTE [auto-fix under aten])."""
     from mlipdd.plugins import get_strategy
     from mlipdd.strategy import HaloStrategy, ShardedStrategy
 
-    return "aten", issubclass(get_strategy(strategy), (HaloStrategy, ShardedStrategy)) and world_size > 1
+    return issubclass(get_strategy(strategy), (HaloStrategy, ShardedStrategy)) and world_size > 1
 
 
 def _spec_key(spec) -> str:
@@ -121,9 +120,9 @@ def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: i
     except Exception as exc:  # noqa: BLE001 - reported, not raised: the report is the answer
         return _fail(report, exc, "model factory")
     try:
-        report.dispatch, report.placements_decide = run_dispatch(model, report.strategy, world_size)
+        report.placements_decide = placements_decide(report.strategy, world_size)
     except InputError as exc:
-        return _fail(report, exc, "dispatch choice")
+        return _fail(report, exc, "strategy choice")
     batch = samples[0]
     report.tolerances = {**default_tolerances(batch.dtype), **(tolerances or {})}
     trace = OpTrace()
@@ -138,7 +137,6 @@ def trace_and_validate(model_factory: Callable, sample_batch=None, world_size: i
     except Exception as exc:  # noqa: BLE001
         return _fail(report, exc, "single-process reference run")
     report.op_counts = trace.counts
-    report.unhandled_aggregations = trace.unhandled_aggregations()
     report.opaque_ops = trace.opaque_ops
     bad = [k for k in ("energy", "forces", "stress") if k in report.reference
            and not bool(torch.isfinite(report.reference[k]).all())]

@@ -39,12 +39,6 @@ def exception_line(text: str) -> str:
     return found[-1].strip() if found else text.strip().splitlines()[-1].strip() if text.strip() else ""
 
 
-def exception_body(line: str) -> str:
-    """``pkg.SomeError: message`` -> ``message``."""
-    match = _EXCEPTION_LINE.match(line.strip())
-    return match.group(2) if match else line.strip()
-
-
 def _is_machinery(path: str) -> bool:
     standard_library = "/lib/python3" in path and "-packages/" not in path
     return standard_library or any(part in path for part in _MACHINERY)
@@ -170,8 +164,7 @@ def _rows_out_of_bounds(message: str, ctx: Context):
         f"{ctx.strategy} storage a rank holds only its owned rows, so a tensor sized by a count "
         "(len(batch), n_atoms) and read by sender index reaches rows of other ranks",
         "create per-atom state from an input tensor (torch.zeros_like(batch.positions[:, :1]), "
-        "positions.new_zeros(...)) so the dispatch knows its layout, then re-validate (a spec "
-        "with gather='local' reads remote rows the same way: use ShardedStoragePolicy()); or "
+        "positions.new_zeros(...)) so the dispatch knows its layout, then re-validate; or "
         "validate under strategy='halo'",
     )
 

@@ -4,7 +4,7 @@
 A kernel reads raw buffers, so no aten rule can say what it does with rows; its
 OpAdapter in the spec says it, per argument and output. Below autograd the op's own
 ``register_autograd`` formula would run on ShardTensors whose meaning it cannot know,
-so the adapter acts ABOVE autograd, in a torch-function mode the aten strategy enters
+so the adapter acts ABOVE autograd, in a torch-function mode the spatial strategies enter
 when the spec declares custom ops: the op runs on plain local tensors as one autograd
 node (`_Adapted`), whose backward runs the op's own formula on plain tensors too, with
 the dispatch's modes off (a formula that re-runs the op would otherwise get replicated

@@ -11,7 +11,7 @@ the ranks then issue different collectives and gloo waits forever: WholeSystemMP
 a rank owning 12 atoms contracted the rows first (an all_reduce of a (1, 1, 8) partial)
 and ranks owning 6 the features first (one of (1, 1, 1)): a hang on every rank.
 
-So under the aten strategies (the torch-function mode of NOTE [aten means] calls this)
+So under the spatial strategies (the torch-function mode of NOTE [aten means] calls this)
 a product of three or more factors over rows contracts LEFT TO RIGHT on every rank:
 einsum without an opt_einsum path (torch's own order then, which sums each letter as
 soon as no later operand and not the output has it) and multi_dot as a chain of

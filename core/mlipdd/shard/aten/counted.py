@@ -6,7 +6,7 @@ it by ITS formula, which divides the gradient by the element count of the tensor
 the wrapper's LOCAL count (this rank's rows, `mlipdd.shard.aten.tensor`). No rule under
 ``__torch_dispatch__`` can correct a gradient it never sees as a mean's. So the mean, the
 variance and the standard deviation are taken one level up, in a torch-function mode the
-aten strategies enter around the model's forward (`SpatialStrategy.model_scope`): when
+spatial strategies enter around the model's forward (`SpatialStrategy.model_scope`): when
 they reduce over a tensor's row dimension they become what one process computes, spelled
 with ops that have exact rules:
 

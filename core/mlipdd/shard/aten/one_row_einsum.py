@@ -9,7 +9,7 @@ storage: it owns one atom; any storage: one edge) would run other views than its
 peers, and no view rule can tell where its one row went (merged with the 3, or moved).
 
 The placement says which dim holds the rows, so a size-1 row dim is still rows: above
-autograd (in the torch-function mode the aten strategies enter around the forward,
+autograd (in the torch-function mode the spatial strategies enter around the forward,
 `mlipdd.shard.aten.counted.CountedReductions`) an einsum with such an operand is
 spelled with ops whose rules follow the row dim by its index, whatever its size:
 ``permute`` / ``unsqueeze`` to one letter order, a broadcast ``mul`` per pair of

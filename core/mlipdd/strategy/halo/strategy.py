@@ -34,10 +34,10 @@ from mlipdd.shard.aten.counted import CountedReductions
 from mlipdd.shard.aten.factories import factory_rows
 from mlipdd.shard.aten.placement import Replicate
 from mlipdd.shard.exchange import pad
-from mlipdd.strategy.aten_skin import edges_in_cutoff
 from mlipdd.strategy.base import Strategy
 from mlipdd.strategy.grid import RankGrid
 from mlipdd.strategy.halo.planner import HaloPlanner
+from mlipdd.strategy.skin import edges_in_cutoff
 
 
 class SpatialStrategy(Strategy):
@@ -183,7 +183,7 @@ class HaloStrategy(SpatialStrategy):
             padded_positions, neighbors = self.halo.padded_positions(positions, batch.cell, state), state.neighbors
         else:
             padded_positions, neighbors = pad(positions, state.plan), _copies_list(state)
-        if self.halo.skin > 0:  # NOTE [skin edges under aten]
+        if self.halo.skin > 0:  # NOTE [skin edges]
             neighbors = edges_in_cutoff(neighbors, padded_positions, batch.cell, batch.batch, self.halo.cutoff)
         ctx = HaloContext(plan=state.plan, n_edges=neighbors.num_edges, group=self.group,
                           atom_ids=batch.atom_ids)

@@ -18,10 +18,10 @@ from __future__ import annotations
 from mlipdd.data import Batch
 from mlipdd.shard.aten import GHOSTED, HaloContext, Rows, comm, from_local
 from mlipdd.shard.aten.comm import OwnedRowsOnly
-from mlipdd.strategy.aten_skin import edges_in_cutoff
 from mlipdd.strategy.halo import SpatialStrategy, model_inputs
 from mlipdd.strategy.halo.strategy import rows_batch
 from mlipdd.strategy.sharded.rewrite import shard_halo
+from mlipdd.strategy.skin import edges_in_cutoff
 
 
 class ShardedStrategy(SpatialStrategy):
@@ -54,7 +54,7 @@ class ShardedStrategy(SpatialStrategy):
             self._storage = (state, OwnedRowsOnly(batch.num_atoms))
         positions = batch.positions.detach().requires_grad_(True)
         neighbors = state.neighbors
-        if self.halo.skin > 0:  # NOTE [skin edges under aten]: the request table's rows fetched (one all_to_all)
+        if self.halo.skin > 0:  # NOTE [skin edges]: the request table's rows fetched (one all_to_all)
             rows = comm.fetch(positions.detach(), 0, state.plan)
             neighbors = edges_in_cutoff(neighbors, rows, batch.cell, batch.batch, self.halo.cutoff)
         ctx = HaloContext(plan=self._storage[1], n_edges=neighbors.num_edges, group=self.group,

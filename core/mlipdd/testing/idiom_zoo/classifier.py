@@ -165,7 +165,7 @@ def _classify_world_size(cases, world_size, references, collective_timeout_s, st
 def selection_outcomes(run_case, world_size: int, models: Iterable[str], system: str = "triclinic") -> dict:
     """``{model: (outcome, detail)}`` of each model on ``system`` at ``world_size`` ranks, run by
     ``run_case(rank, world_size, (model, system))`` in one launch: a test's zoo selection under
-    options of its own (a dispatch, a strategy), classified as the zoo's table is."""
+    options of its own (a strategy, a spec), classified as the zoo's table is."""
     cases = [(model, system) for model in models]
     references = _references(cases)
     outcomes = {}

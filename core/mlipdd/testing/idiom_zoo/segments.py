@@ -65,7 +65,7 @@ class GCNDegreeNorm(_CustomAggregation):
 class MeanOverListedEdges(_CustomAggregation):
     """Messages averaged over a receiver's LISTED edges, their count an index_add of ones: it
     counts the edges of a list with a skin too. Not in the zoo's table (its cases run at skin 0,
-    where it is a plain mean); the skin tests use it (NOTE [skin edges under aten])."""
+    where it is a plain mean); the skin tests use it (NOTE [skin edges])."""
 
     idiom = "mean over a receiver's listed edges (count by index_add of ones)"
 

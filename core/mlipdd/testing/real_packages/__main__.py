@@ -26,7 +26,7 @@ INTRO = """# Real packages' models under domain decomposition
 `mlipdd.testing.real_packages` builds models of real MLIP packages from their own
 configuration with random weights, the way each package's users build them, and wraps
 each as an ordinary mlipdd model (`ModelWrapper`; no shaping to the framework). Each
-case is one model, one storage (`halo`, `sharded`), the dispatch (`aten`), one
+case is one model, one storage (`halo`, `sharded`), one
 system (the idiom zoo's: `triclinic` 64 atoms, `own_images` 27 atoms where a rank sees
 its own images, `slab` cut along its vacuum) and one rank count, float64, spawned gloo
 ranks against one process. **exact**: energy, forces and stress within {tolerance:g}
@@ -44,17 +44,15 @@ NOT_INSTALLABLE = (
     "nequip 0.19 (torchmetrics>=1.6) and schnetpack 2.0.4 (torchmetrics==1.0.1) cannot be installed "
     "together, and schnetpack 2.1 needs sympy<=1.12 where torch 2.13 needs >=1.13.3: the test extra "
     "holds schnetpack (nequip's NequIP, `nequip_models`, classified beside it in an environment of its "
-    "own on 2026-12-03: exact under the aten dispatch at 2 and 3 ranks in all six storage x system "
-    "cases; under the torch-function one refused, halo at an einsum of rank-local rows, sharded where "
-    "nequip indexes node features built from plain tensors). orb-models stays at 0.5.5 on Python 3.11 "
-    "(0.6 needs 3.12)."
+    "own on 2026-12-03: exact at 2 and 3 ranks in all six storage x system cases). orb-models stays "
+    "at 0.5.5 on Python 3.11 (0.6 needs 3.12)."
 )
 
 
 def markdown_table(results) -> str:
     world_sizes = sorted({r.world_size for r in results})
-    columns = list(dict.fromkeys((r.strategy, r.dispatch, r.system) for r in results))
-    by_key = {(r.model, r.strategy, r.dispatch, r.system, r.world_size): r for r in results}
+    columns = list(dict.fromkeys((r.strategy, r.system) for r in results))
+    by_key = {(r.model, r.strategy, r.system, r.world_size): r for r in results}
     notes: dict[str, int] = {}
     examples: dict[str, str] = {}
 

@@ -5,8 +5,7 @@ The idiom zoo's machinery (`mlipdd.testing.idiom_zoo.classifier`): its systems
 vacuum), its tolerance (1e-10 relative on energy, forces and stress, float64), one
 spawned group per world size for all cases (a refused case costs a fresh group, not
 new processes), the references computed once per (model, system) in this process.
-A case is a model, a storage (halo / sharded, the zoo's presets), the dispatch (the aten
-one: the column stays so that older tables read alike) and a system.
+A case is a model, a storage (halo / sharded, the zoo's presets) and a system.
 
 `validation` runs `trace_and_validate` on each model with its DEFAULT sample, under
 halo and sharded storage: a model silently wrong in some case must fail there too.
@@ -29,15 +28,11 @@ from mlipdd.testing.idiom_zoo.classifier import (
 )
 from mlipdd.testing.idiom_zoo.launch import run_cases
 
-# each named explicitly: the table says which dispatch ran, whichever is the default
-DISPATCHES = {"aten": "aten"}
-
 
 @dataclass(frozen=True)
 class RealCase:
     model: str
     strategy: str
-    dispatch: str
     system: str
     world_size: int
     outcome: str  # exact / refused / WRONG / HANG / CRASH (the zoo's OUTCOMES)
@@ -48,7 +43,7 @@ def _run_case(rank, world_size, case):
     from mlipdd.testing.real_packages import REAL_MODELS
 
     _acknowledge_a_simultaneous_failure()
-    model, strategy, _dispatch, system = case
+    model, strategy, system = case
     options = _options(strategy, system, world_size)
     out = distributed_outputs(rank, world_size, REAL_MODELS[model].factory, SYSTEMS[system](), options, True,
                               STRATEGIES[strategy])
@@ -69,16 +64,16 @@ def references(models: Iterable[str], systems: Iterable[str] = tuple(SYSTEMS)) -
 
 
 def classify_world_size(models: Iterable[str], world_size: int, refs: dict,
-                        strategies: Iterable[str] = tuple(STRATEGIES), dispatches: Iterable[str] = tuple(DISPATCHES),
+                        strategies: Iterable[str] = tuple(STRATEGIES),
                         systems: Iterable[str] = tuple(SYSTEMS)) -> list[RealCase]:
-    """Every (model, strategy, dispatch, system) on ONE spawned group of ``world_size`` ranks."""
-    cases = [(m, s, d, c) for m in models for s in strategies for d in dispatches for c in systems]
+    """Every (model, strategy, system) on ONE spawned group of ``world_size`` ranks."""
+    cases = [(m, s, c) for m in models for s in strategies for c in systems]
     results = []
     for case, report in zip(cases, run_cases(_run_case, world_size, cases, 15.0, 120.0)):
         if report.done is None:
             results.append(RealCase(*case, world_size, *_failure_text(report)))
             continue
-        reference = refs[case[0], case[3]]
+        reference = refs[case[0], case[2]]
         outcome, detail, _ = _compare(report.done, reference, reference["forces"].shape[0])
         results.append(RealCase(*case, world_size, outcome, detail))
     return results
@@ -97,4 +92,4 @@ def validation(model: str, strategies: Iterable[str] = tuple(STRATEGIES), world_
     return out
 
 
-__all__ = ["DISPATCHES", "WORLD_SIZES", "RealCase", "classify_world_size", "references", "validation"]
+__all__ = ["WORLD_SIZES", "RealCase", "classify_world_size", "references", "validation"]

@@ -1,6 +1,6 @@
-"""The edges a model sees under the aten strategies: those within the cutoff, as in one process.
+"""The edges a model sees under halo and sharded storage: those within the cutoff, as in one process.
 
-# NOTE [skin edges under aten]
+# NOTE [skin edges]
 The ranks' lists reach ``cutoff + skin`` so that they last several steps; one process (and
 one rank, NOTE [skin edges at one rank]) hands the model the edges within the cutoff only.
 A model that gives a skin edge zero weight is exact either way, but a model that COUNTS the
@@ -8,7 +8,7 @@ listed edges (a GCN degree by ``torch.bincount(receiver)``, a mean over a receiv
 ``scatter_reduce(..., "mean")``, an attention softmax without an envelope) counts the skin
 edges too, and every op of that count has an exact rule: a silent wrong answer (GCNDegreeNorm:
 1.1e-3 in energy at skin 0.5). No dispatch rule can tell a skin edge from another, so the
-aten strategies keep, every call, only the edges shorter than the cutoff at the current
+spatial strategies keep, every call, only the edges shorter than the cutoff at the current
 positions: the model sees one process's edges (each pair once, on its receiver's rank). No
 rounding margin here (the one-rank trim keeps 1e-3 A more): a counting model must see
 exactly the pairs the single-process list (``r < cutoff``) holds; an edge the trim drops at
@@ -26,8 +26,10 @@ from mlipdd.neighbors import NeighborList
 
 def edges_in_cutoff(neighbors: NeighborList, positions: torch.Tensor, cell: torch.Tensor,
                     system: torch.Tensor, cutoff: float) -> NeighborList:
-    """NOTE [skin edges under aten]: the edges of ``neighbors`` (its index over the rows of
-    ``positions``) shorter than ``cutoff`` now, in their order."""
+    """NOTE [skin edges]: the edges of ``neighbors`` (its index over the rows of
+    ``positions``) shorter than ``cutoff`` now, in their order; also the one-rank trim (NOTE
+    [skin edges at one rank]) and a CUDA graph's ``trim_to``. The list says it reaches
+    ``cutoff`` (a model that filters longer edges itself can skip its filter)."""
     with torch.no_grad():
         vectors = neighbors.edge_vectors(positions.detach().double(), cell.detach().double(), system)
         keep = ((vectors * vectors).sum(dim=1) < cutoff * cutoff).nonzero().squeeze(1)

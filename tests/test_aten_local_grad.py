@@ -42,6 +42,8 @@ class PlainPairEnergy(LennardJones):
         vectors = pos.index_select(0, receiver) + shifts - pos.index_select(0, sender)
         r = vectors.norm(dim=1)
         pair = torch.where(r < self.cutoff, (1 - torch.exp(-(r - 2.6))) ** 2 - 1, torch.zeros_like(r))
+        z = local(batch.atomic_numbers)  # an integer per atom row read by the senders too
+        pair = pair * (1 + 1e-3 * (z[sender] + 2 * z[receiver]).to(pair.dtype))
         energies = torch.zeros(pos.shape[0], dtype=pos.dtype).index_add(0, receiver, 0.5 * pair)
         return as_atom_rows(energies, positions, ghosts_current=False)
 
@@ -51,11 +53,12 @@ SYSTEMS = {"triclinic": lambda: triclinic(spacing=3.0, reps=4), "small_cell": la
 
 
 @pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
-def test_plain_pair_energy_on_local_rows_is_exact(world_size):
-    # halo storage only: under sharded storage local(positions) holds the owned rows, which the
-    # edge index's remote senders point past (an IndexError; README, known limits)
+@pytest.mark.parametrize("strategy", ["halo", "sharded"])
+def test_plain_pair_energy_on_local_rows_is_exact(world_size, strategy):
+    # sharded storage: local(positions) is [owned | request table] (NOTE [local rows under sharded
+    # storage]); it once held the owned rows only, which remote senders point past (an IndexError)
     names = list(SYSTEMS)
-    cases = [(functools.partial(PlainPairEnergy, False), SYSTEMS[name](), {"strategy": "halo"}) for name in names]
+    cases = [(functools.partial(PlainPairEnergy, False), SYSTEMS[name](), {"strategy": strategy}) for name in names]
     assert cases_off(cases, names, world_size) == {}
 
 
@@ -67,4 +70,28 @@ def _local_cell_worker(rank, world_size):
 def test_local_of_the_strained_cell_is_refused_on_every_rank():
     with pytest.raises(RankFailure, match=r"local\(\) of a replicated tensor that carries a gradient.*Fix:") as failure:
         run_ranks(_local_cell_worker, 2)
+    assert str(failure.value).count("AtenRefusal") >= 2
+
+
+class LocalIndexTable(PlainPairEnergy):
+    """local() of a declared neighbour table (values are atom row numbers)."""
+
+    def atomic_energies(self, batch, positions, cell):
+        sender, receiver = local(batch.neighbors.edge_index)
+        n = local(positions).shape[0]
+        table = as_atom_rows(torch.zeros(n, dtype=torch.long).index_put((receiver,), sender), positions,
+                             ghosts_current=False, index=True)
+        local(table)
+        return super().atomic_energies(batch, positions, cell)
+
+
+def _local_table_worker(rank, world_size):
+    dm = DistributedModel(LocalIndexTable(plain_cell=False), DomainConfig(cutoff=5.0, strategy="sharded"))
+    dm(dm.partition(triclinic(spacing=3.0, reps=4) if rank == 0 else None))
+
+
+def test_local_of_an_index_table_under_sharded_storage_is_refused_on_every_rank():
+    # its request-table rows would hold the owners' row numbers, not this rank's
+    with pytest.raises(RankFailure, match=r"local\(\) of atom rows whose values are atom row numbers.*Fix:") as failure:
+        run_ranks(_local_table_worker, 2)
     assert str(failure.value).count("AtenRefusal") >= 2

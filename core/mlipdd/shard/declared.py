@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from mlipdd.shard.aten import EDGES, AtenRefusal, Rows, ShardTensor, to_local
+from mlipdd.shard.aten.factories import mark_rank_local
 from mlipdd.shard.aten.tensor import declared_atom_rows
 from mlipdd.shard.internal import internal_scope
 
@@ -21,9 +22,12 @@ def local(t):
     under sharded storage (NOTE [local rows under sharded storage])."""
     if not isinstance(t, ShardTensor):
         return t
-    if t._ctx.reads is not None and isinstance(t._place, Rows) and t._place.is_atoms():
-        return to_local(_with_request_table(t))
-    return to_local(t)
+    if not isinstance(t._place, Rows):
+        return to_local(t)
+    out = to_local(_with_request_table(t) if t._ctx.reads is not None and t._place.is_atoms() else t)
+    t._ctx.local_rows_taken = True  # NOTE [rank-local values]: this rank's rows, marked
+    mark_rank_local(out)
+    return out
 
 
 # NOTE [local rows under sharded storage]

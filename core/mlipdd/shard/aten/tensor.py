@@ -47,6 +47,7 @@ class HaloContext:
     group: object = None
     reads: object = None  # sharded storage: the request table's ExchangePlan (NOTE [aten sharded storage])
     atom_ids: object = None  # the owned rows' ids, one process's row order (NOTE [a row by its global number])
+    local_rows_taken: bool = False  # the model took mlipdd.shard.local() of rows (NOTE [rank-local values])
     _global: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

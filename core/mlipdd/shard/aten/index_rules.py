@@ -351,7 +351,11 @@ def _plain_as_shares(base, dim, ctx):
 class _SizeMismatch(ValueError):
     def __init__(self, dim, shape, n):
         super().__init__(f"a scatter into atom rows along dim {dim} of a tensor shaped {tuple(shape)}, but this rank "
-                         f"holds {n} atom rows; create the accumulator with the rows' size (h.shape[0])")
+                         f"holds {n} atom rows: an accumulator sized by a count of the whole system (torch.zeros("
+                         "sum(num_atoms), 3), as sevenn's ForceStressOutputFromEdge does for its forces from edge "
+                         "gradients), whose row numbers are one process's, not this rank's; create the accumulator "
+                         "with the rows' size (torch.zeros_like(pos), h.new_zeros(h.shape[0], F)), or take the forces "
+                         "as the energy's gradient with respect to the positions")
 
 
 def _narrowed(t, dim, full, n):

@@ -44,52 +44,53 @@ def test_validation_passes_an_exact_model(model):
     assert validation(model, strategies=("halo",)) == {"halo": (True, "")}
 
 
-# orb-v3 and SevenNet: refused in every case, at 2 and 3 ranks (docs/real_packages.md). The
-# text each refusal starts with, per (model, strategy): sevenn's ForceStressOutputFromEdge scatters into ``torch.zeros(sum(num_atoms), 3)``,
-#   the whole system's size; orb's strain displacement ``bmm(positions, displacement[per_node])``
-#   mixes rows with a per-node gather built from a size. Where a rank holds more rows than the
-#   system has atoms, orb's code on replicated values fails first (the ``per_node_graph_indices``
-#   of a searchsorted over ``arange(len(positions))``, the segments of ``repeat_interleave`` over
-#   the global counts): torch's error, wrapped in a refusal that names the op and the cause
-#   (NOTE [failed on replicated values] in mlipdd.shard.aten.rules), on every rank.
+# orb-v3 and SevenNet at 2 and 3 ranks (docs/real_packages.md). sevenn's ForceStressOutputFromEdge
+# scatters into ``torch.zeros(sum(num_atoms), 3)``, the whole system's size: refused, naming the fix.
+# orb-v3 conservative is exact under sharded storage (its one-system ``bmm(positions,
+# displacement[per_node])`` and segment ids expanded to the rows: NOTE [a batch factor equal along
+# the rows], NOTE [an expand of equal rows]); where a halo rank holds more rows than the system
+# has atoms, orb's code on replicated values fails first (the ``per_node_graph_indices`` of a
+# searchsorted over ``arange(len(positions))``): torch's error, wrapped in a refusal that names the
+# op and the cause (NOTE [failed on replicated values] in mlipdd.shard.aten.rules), on every rank.
+# orb-v3 direct subtracts per-system means broadcast to the whole system's atoms
+# (``repeat_interleave(means, n_node)``, with a gradient): refused at that subtraction.
 NEW_MODELS = ["orb-v3 conservative", "orb-v3 direct", "sevenn SevenNet"]
-BMM = "AtenRefusal: mlipdd aten dispatch refuses `aten::bmm.default`"
 GLOBAL_INDEX = "AtenRefusal: `aten::index.Tensor` failed on this rank (IndexError"
-GLOBAL_EXPAND = "AtenRefusal: `aten::expand.default` failed on this rank (RuntimeError"
-REFUSALS = {
-    ("orb-v3 conservative", "halo"): GLOBAL_INDEX,
-    ("orb-v3 conservative", "sharded"): BMM,
-    ("orb-v3 direct", "halo"): GLOBAL_EXPAND,
-    ("orb-v3 direct", "sharded"): GLOBAL_EXPAND,
-    ("sevenn SevenNet", "halo"): "AtenRefusal: mlipdd aten dispatch refuses `aten::scatter_reduce_.two`",
-    ("sevenn SevenNet", "sharded"): "AtenRefusal: mlipdd aten dispatch refuses `aten::scatter_reduce_.two`",
+WHOLE_SYSTEM_SUB = "AtenRefusal: mlipdd aten dispatch refuses `aten::sub.Tensor`"
+SCATTER = "AtenRefusal: mlipdd aten dispatch refuses `aten::scatter_reduce_.two`"
+OUTCOMES = {
+    ("orb-v3 conservative", "halo"): ("refused", GLOBAL_INDEX),
+    ("orb-v3 conservative", "sharded"): ("exact", ""),
+    ("orb-v3 direct", "halo"): ("refused", WHOLE_SYSTEM_SUB),
+    ("orb-v3 direct", "sharded"): ("refused", WHOLE_SYSTEM_SUB),
+    ("sevenn SevenNet", "halo"): ("refused", SCATTER),
+    ("sevenn SevenNet", "sharded"): ("refused", SCATTER),
 }
 
 
 @pytest.mark.mlipdd_conformance(world_sizes=(2, 3))
-def test_orb_and_sevennet_are_refused_on_every_rank(world_size):
+def test_orb_and_sevennet_are_exact_or_refused_on_every_rank(world_size):
     missing = [why for name in NEW_MODELS if (why := available(name))]
     assert not missing, f"{missing}: install the test extra (pip install -e '.[test]')"
     system = SYSTEM_AT[world_size]
     results = classify_world_size(NEW_MODELS, world_size, references(NEW_MODELS, (system,)), systems=(system,))
     got = {(r.model, r.strategy): (r.outcome, r.detail) for r in results}
-    assert got.keys() == REFUSALS.keys()
-    for key, start in REFUSALS.items():
-        assert got[key][0] == "refused" and got[key][1].startswith(start), (key, got[key])
+    assert got.keys() == OUTCOMES.keys()
+    for key, (outcome, start) in OUTCOMES.items():
+        assert got[key][0] == outcome and got[key][1].startswith(start), (key, got[key])
 
 
-# matgl's TensorNet under its Potential: the aten dispatch refuses the backward of the
-# Potential's ``lattice[node_batch]`` (an index_put by a plain index, ``torch.zeros(g.num_nodes)``,
-# of the rows' gradients into the lattice).
+# matgl's TensorNet under its Potential: exact. The backward of the Potential's
+# ``lattice[node_batch]`` (``node_batch = torch.zeros(g.num_nodes)``) is an index_put of the rows'
+# gradients into the lattice by that plain index, equal in every row: a sum over the rows (NOTE [a
+# uniform index of rows]); it was refused as "a scatter by a plain index".
 TENSORNET = "matgl TensorNet"
-TENSORNET_EXPECTED = {"halo": "refused", "sharded": "refused"}
+TENSORNET_EXPECTED = {"halo": "exact", "sharded": "exact"}
 
 
 @pytest.mark.mlipdd_conformance(world_sizes=(2, 3))
-def test_tensornet_refused_by_name(world_size):
+def test_tensornet_exact(world_size):
     assert available(TENSORNET) is None, available(TENSORNET)
     system = SYSTEM_AT[world_size]
     results = classify_world_size([TENSORNET], world_size, references([TENSORNET], (system,)), systems=(system,))
     assert {r.strategy: r.outcome for r in results} == TENSORNET_EXPECTED, results
-    for r in results:
-        assert r.detail.startswith("AtenRefusal: mlipdd aten dispatch refuses `aten::index_put.default`"), r

@@ -90,9 +90,12 @@ def deliver(table: torch.Tensor, dim: int, reads) -> torch.Tensor:
 
 @internal
 def all_reduce(local: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    from mlipdd.shard.aten.factories import clear_rank_local
+
     out = local.clone()
     if group_size(group) > 1:
         dist.all_reduce(out, op=op, group=group)
+    clear_rank_local(out)  # NOTE [rank-local values]: the ranks' parts summed are the whole
     return out
 
 

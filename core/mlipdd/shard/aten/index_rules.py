@@ -261,8 +261,14 @@ def _scatter(func, args, kwargs, target, dim, idx, src, op, fix_index=None):
     """``op(target_local, idx_local, src_local)`` is the local scatter (out of place or in
     place on the first argument); NOTE [aten halo rules]."""
     ip, sp, tp = rows_of(idx), rows_of(src), rows_of(target)
+    if ip is None and _uniform_index_of_rows(idx, src, dim, target):
+        idx = ShardTensor(unwrap(idx), Rows(sp.dim, sp.kind, sp.group), src._ctx, "a uniform index")
+        ip = rows_of(idx)  # NOTE [a uniform index of rows]
     if ip is None:
-        refuse(func, args, kwargs, "a scatter by a plain index into or from distributed rows")
+        refuse(func, args, kwargs, "a scatter by a plain index into or from distributed rows",
+               "scatter by an index built from the distributed rows (batch.batch for each row's system, the edge "
+               "index), not from a size (torch.zeros(n, dtype=long) is one system's index only while every row "
+               "holds the same value)")
     if idx.dtype == torch.bool:  # a mask picks rows of its own kind, never rows of a table
         refuse(func, args, kwargs, "a scatter by a boolean mask of distributed rows",
                "write by a mask of the target's own rows (x[mask] = v), or multiply by the mask")
@@ -302,6 +308,25 @@ def _scatter(func, args, kwargs, target, dim, idx, src, op, fix_index=None):
     return finish(func, args, base + delta, REPLICATE, ctx)
 
 
+# NOTE [a uniform index of rows]
+# A plain or replicated index with the same value in every row (``torch.zeros(n, dtype=long)``,
+# one system's ``node_batch`` built from a size) reads a replicated table row-locally
+# (``lattice[node_batch]``: each row the same value, as in one process; `uniform_along`). Its
+# adjoint, the scatter of per-row values into the table by that index (autograd's
+# ``index_put(accumulate=True)``, matgl TensorNet's cell gradient), adds every row at the one
+# entry: a sum over the rows, so it takes the per-system rule (the rows that count once, summed
+# and all-reduced) with the index read as rows of the values. An index whose rows differ is
+# this rank's rows in no sense (refused as before).
+def _uniform_index_of_rows(idx, src, dim, target) -> bool:
+    """NOTE [a uniform index of rows]: ``idx`` plain, aligned with ``src``'s rows along ``dim``
+    and the same in every row, ``target`` a replicated table."""
+    sp = rows_of(src)
+    if sp is None or rows_of(target) is not None or sp.dim != dim or not isinstance(idx, torch.Tensor) \
+            or idx.dtype == torch.bool or idx.dim() <= dim:
+        return False
+    return idx.shape[dim] == src.shape[dim] and uniform_along(idx, dim)
+
+
 def _scatter_delivered(func, args, target, dim, base, op, i, s, ctx):
     """Sharded storage: the scatter into a zero ``[owned | request table]``, each remote
     row's sum delivered to its owner (NOTE [aten sharded storage]); complete owned rows."""
@@ -326,7 +351,11 @@ def _plain_as_shares(base, dim, ctx):
 class _SizeMismatch(ValueError):
     def __init__(self, dim, shape, n):
         super().__init__(f"a scatter into atom rows along dim {dim} of a tensor shaped {tuple(shape)}, but this rank "
-                         f"holds {n} atom rows; create the accumulator with the rows' size (h.shape[0])")
+                         f"holds {n} atom rows: an accumulator sized by a count of the whole system (torch.zeros("
+                         "sum(num_atoms), 3), as sevenn's ForceStressOutputFromEdge does for its forces from edge "
+                         "gradients), whose row numbers are one process's, not this rank's; create the accumulator "
+                         "with the rows' size (torch.zeros_like(pos), h.new_zeros(h.shape[0], F)), or take the forces "
+                         "as the energy's gradient with respect to the positions")
 
 
 def _narrowed(t, dim, full, n):

@@ -11,7 +11,7 @@ import torch
 
 from mlipdd.shard.aten import comm
 from mlipdd.shard.aten.placement import GHOSTED, OWNED, REPLICATE, SHARES, Rows
-from mlipdd.shard.aten.rules import as_ghosted, as_owned, finish, refuse, rows_of, rule, valid_rows
+from mlipdd.shard.aten.rules import as_ghosted, as_owned, finish, refuse, rows_of, rule, uniform_along, valid_rows
 from mlipdd.shard.aten.tensor import unwrap
 
 aten = torch.ops.aten
@@ -96,7 +96,17 @@ def bmm(func, args, kwargs):
         return finish(func, args, func(a._local, unwrap(b)), pa, a._ctx)
     if pb and not pa and pb.dim == 2:
         return finish(func, args, func(unwrap(a), b._local), pb, b._ctx)
-    refuse(func, args, kwargs, "a batched product whose batch is not the rows of both factors")
+    # NOTE [a batch factor equal along the rows]: positions (n, 1, 3) @ lattice[node_batch] (n, 3, 3)
+    # with node_batch built from a size (one system: every row the same matrix, `uniform_along`) is
+    # one product per row with the same matrix: row-local, linear in the rows (shares stay shares)
+    rows, other = (a, b) if pa else (b, a)
+    p = pa or pb
+    if p and not (pa and pb) and p.dim == 0 and other.shape[0] == rows.shape[0] and uniform_along(other, 0):
+        local = (rows._local, unwrap(other)) if pa else (unwrap(other), rows._local)
+        return finish(func, args, func(*local), p.plain_values(), rows._ctx)
+    refuse(func, args, kwargs, "a batched product whose batch is not the rows of both factors, nor a factor equal "
+           "in every batch entry", "read a per-system matrix by each row's system index (cell[batch.batch]), "
+           "not by an index built from a size (a whole system's repeat_interleave of per-system counts)")
 
 
 @rule(aten.baddbmm.default)

@@ -254,6 +254,9 @@ def _replicated(func, args, kwargs):
     except (IndexError, RuntimeError, ValueError) as exc:
         if isinstance(exc, (AtenRefusal, torch.OutOfMemoryError)):  # not a layout problem
             raise
+        equal_rows = _uniform_expanded(func, args, kwargs)
+        if equal_rows is not None:
+            return wrap_out(equal_rows, REPLICATE, ctx, op_name(func.overloadpacket))
         # NOTE [failed on replicated values]: no argument holds rows, so the op ran on this
         # rank's values as they are; torch's own error would name neither the op nor the cause
         raise AtenRefusal(
@@ -268,6 +271,27 @@ def _replicated(func, args, kwargs):
     if isinstance(out, torch.Tensor) or (isinstance(out, (tuple, list)) and any(isinstance(o, torch.Tensor) for o in out)):
         return wrap_out(out, REPLICATE, ctx, op_name(func.overloadpacket))
     return out
+
+
+# NOTE [an expand of equal rows]: orb's segment sums expand their segment ids, built from a whole
+# system's counts (``repeat_interleave(arange(n_graphs), n_node)``: one value per atom of the
+# system), to the data's rows (``segment_ids.expand_as(data)``), which hold this rank's rows: torch
+# stops at the size mismatch. With one value in every row (one system), the ids read the same for
+# any count of rows, and the expand to this rank's rows is what one process's expand holds on
+# them: exact, for values without a gradient (the adjoint would sum this rank's rows into the
+# whole system's). Rows that differ stay torch's error, wrapped below.
+def _uniform_expanded(func, args, kwargs):
+    if func is not aten.expand.default or not isinstance(args[0], torch.Tensor) or args[0].requires_grad:
+        return None
+    x, sizes = unwrap(args[0]), list(args[1])
+    lead = len(sizes) - x.dim()
+    for d in range(x.dim()):
+        want = sizes[lead + d]
+        if want != -1 and x.shape[d] not in (1, want):
+            if not uniform_along(x, d):
+                return None
+            x = x.narrow(d, 0, 1)
+    return x.expand(sizes)
 
 
 # ---- row-local ops ----------------------------------------------------------------------

@@ -47,6 +47,7 @@ class HaloContext:
     group: object = None
     reads: object = None  # sharded storage: the request table's ExchangePlan (NOTE [aten sharded storage])
     atom_ids: object = None  # the owned rows' ids, one process's row order (NOTE [a row by its global number])
+    local_rows_taken: bool = False  # the model took mlipdd.shard.local() of rows (NOTE [rank-local values])
     _global: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -281,6 +282,9 @@ def declared_atom_rows(t: torch.Tensor, like: ShardTensor, ghosts_current: bool 
     if isinstance(t, ShardTensor) and isinstance(t._place, Rows):
         raise AtenRefusal(f"as_atom_rows of a tensor that already holds rows ({t._place}, from `{t._origin}`); "
                           "Fix: declare the plain result of mlipdd.shard.local(...) computations only")
+    reads = like._ctx.reads
+    if reads is not None and plain.dim() and plain.shape[0] == reads.n_padded != like.shape[0]:
+        plain = plain.narrow(0, 0, reads.n_owned)  # NOTE [local rows under sharded storage]: the owned rows
     if plain.shape[:1] != like.shape[:1]:
         raise AtenRefusal(f"as_atom_rows of a tensor shaped {tuple(plain.shape)} for {like.shape[0]} atom rows; "
                           "Fix: one row per atom row of the forward (positions.shape[0])")

@@ -31,7 +31,7 @@ from mlipdd.neighbors import NeighborList
 from mlipdd.shard.aten import EDGES, GHOSTED, HaloContext, Rows, ShardTensor, from_local, owned_rows
 from mlipdd.shard.aten.adapters import AdaptedOps
 from mlipdd.shard.aten.counted import CountedReductions
-from mlipdd.shard.aten.factories import factory_rows
+from mlipdd.shard.aten.factories import factory_rows, refuse_local_output
 from mlipdd.shard.aten.placement import Replicate
 from mlipdd.shard.exchange import pad
 from mlipdd.strategy.base import Strategy
@@ -106,6 +106,7 @@ class SpatialStrategy(Strategy):
         """By placement: atom rows -> this rank's owned rows, replicated values as they are."""
         result = {}
         for name, value in outputs.items():
+            refuse_local_output(name, value)  # NOTE [rank-local values]
             if not isinstance(value, ShardTensor):
                 result[name] = value.detach() if torch.is_tensor(value) else value
                 continue

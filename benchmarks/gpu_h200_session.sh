@@ -178,5 +178,11 @@ s15_e)  # carry .whl_w3: warp whole; AIMNet2 vs aimnet's calculator on the GPU (
     S 120 python3 benchmarks/aimnet2_vs_calculator.py --device cuda --threads 16 --profile 1000 \
         --kinds molecules,molecule --top 12 --label "$machine." --name aimnet2_profile_session15_h200 --out "$RES"
     ;;
+s15_g)  # carry .whl_b, right after s15_a: cuEq under DD on the GPU, plain and chunked, on main after the merges
+    S 200 python3 benchmarks/cueq_dd_gpu.py --ranks 2,3 --out "$RES" --name cueq_dd_gpu_session15_final_h200
+    S 200 python3 benchmarks/cueq_dd_gpu.py --ranks 2 --chunk-atoms 8 --out "$RES" --name cueq_dd_gpu_chunked_final_h200
+    ;;
+s15_carry)  # carry .whl_w1 then .whl_w2: only copied (and the wheels installed) for a later stage
+    ;;
 esac
 ls -l "$OUT"

@@ -34,7 +34,7 @@ INSTALL_STAMP := $(VENV)/.mlipdd-install-stamp
 UPSTREAM_WHEELS := build/upstream-wheels
 DIST ?= dist
 
-.PHONY: venv install demo test lint dist docs clean distclean
+.PHONY: venv install demo test test-full lint dist docs clean distclean
 
 venv: $(PY)
 
@@ -62,8 +62,15 @@ $(INSTALL_STAMP): $(PY) pyproject.toml $(wildcard requirements/*.txt) $(addsuffi
 demo: install
 	$(VENV)/bin/mlipdd run
 
+TEST_COMMAND = $(PY) -m pytest tests $(PLUGIN_TEST_DIRS) $(if $(WORLD_SIZES),--mlipdd-world-sizes=$(WORLD_SIZES)) --durations=40
+
 test: install
-	$(PY) -m pytest tests $(PLUGIN_TEST_DIRS) $(if $(WORLD_SIZES),--mlipdd-world-sizes=$(WORLD_SIZES)) --durations=40
+	$(TEST_COMMAND)
+
+# the same run plus the tests marked `slow` (conftest.py): the fresh-venv install, the compiled
+# plugin models, the long MD runs
+test-full: install
+	MLIPDD_SLOW_TESTS=1 $(TEST_COMMAND)
 
 # Wheels of the core, every plugin and the e3nn-0.6 mace-torch; see the README's Install.
 dist: venv

@@ -10,16 +10,12 @@ dtype). One stress flag each (one compile); the "aot_eager" backend. Measured he
 UMA forces 4e-7, 16 graphs, 54 s.
 """
 
-import os
-
 import pytest
 import torch
 from mlipdd.distributed import DistributedModel, DomainConfig
 
 # each compile splits into tens of graphs (the breaks above): minutes on the shared 2-core CPU
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    not os.environ.get("MLIPDD_SLOW_TESTS"),
-    reason="2-3 minutes each on 2 shared cores (tens of graphs per compile); set MLIPDD_SLOW_TESTS=1 to run them")]
+pytestmark = pytest.mark.slow
 
 
 def _compiled_vs_eager(model, batch) -> tuple[dict, dict]:

@@ -5,7 +5,6 @@ boundary during the run; trajectories are compared by atom id on unwrapped posit
 """
 
 import io
-import os
 import time
 
 import pytest
@@ -274,11 +273,7 @@ def _long_run(rank, world_size, n_steps):
         return {"frames": snaps.frames, "ids": dp.batch.atom_ids.clone(), "rebuilds": dp.strategy.rebuilds}
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(
-    not os.environ.get("MLIPDD_SLOW_TESTS"),
-    reason="about 3 minutes on 2 cores; set MLIPDD_SLOW_TESTS=1 to run it",
-)
+@pytest.mark.slow  # about 3 minutes on 2 cores
 def test_long_hot_liquid_conserves_atoms_ids_momentum():
     n_steps = 5000
     results = run_ranks(_long_run, 4, n_steps, timeout=600)

@@ -151,6 +151,7 @@ def _launch(fn, world_size, args, kwargs, timeout, backend, threads) -> list[Any
         p.start()
     collected: dict[int, Any] = {}
     failures: dict[int, str] = {}
+    hung: list[int] = []
     try:
         waited = 0.0
         while len(collected) + len(failures) < world_size:
@@ -166,6 +167,7 @@ def _launch(fn, world_size, args, kwargs, timeout, backend, threads) -> list[Any
                 if waited >= timeout:
                     where = _stacks_of(procs, stack_files, missing)
                     failures.update({r: f"no result within {timeout:.0f} s (hung)\n{where[r]}" for r in missing})
+                    hung = missing
                     break
                 continue
             waited = 0.0
@@ -176,6 +178,9 @@ def _launch(fn, world_size, args, kwargs, timeout, backend, threads) -> list[Any
                 if payload.startswith(_NOT_JOINED):
                     break  # the group will not form: relaunch now, not after `timeout`
     finally:
+        for r in hung:  # its stack is taken: waiting the 10 s below for it to exit is time lost
+            if procs[r].is_alive():
+                procs[r].kill()
         for p in procs:
             p.join(timeout=10)
             if p.is_alive():

@@ -15,8 +15,6 @@ charges 4e-16 relative, energy equal; 1 compile (21 graphs, 208 / 167 s), 1 chec
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from mlipdd.data import Batch, InputError
@@ -26,12 +24,6 @@ from mlipdd_aimnet2.testing import molecular_crystal, random_aimnet2_wrapper
 
 KEYS = ("energy", "forces", "stress", "charges")
 CONFIG = {"skin": 0.3, "strategy": "halo"}
-
-# aimnet's forward splits into ~25 graphs per compile (host reads in its input preparation):
-# minutes per rank on the shared 2-core CPU
-SLOW = pytest.mark.skipif(
-    not os.environ.get("MLIPDD_SLOW_TESTS"),
-    reason="3-6 minutes per rank count on 2 shared cores (tens of graphs per compile); MLIPDD_SLOW_TESTS=1 runs it")
 
 
 def _systems() -> Batch:
@@ -59,8 +51,9 @@ def _compiled_vs_eager(rank, world_size):
     return worst, compiled.compile_stats, charge.tolist(), compiled.last_padded.num_atoms
 
 
+# aimnet's forward splits into ~25 graphs per compile (host reads in its input preparation):
+# 3-6 minutes per rank count on the shared 2-core CPU
 @pytest.mark.slow
-@SLOW
 @pytest.mark.mlipdd_conformance(world_sizes=(2, 3, 4))
 def test_compiled_aimnet2_on_ranks_equals_eager(world_size):
     for worst, stats, charge, _ in run_ranks(_compiled_vs_eager, world_size, timeout=1800.0):

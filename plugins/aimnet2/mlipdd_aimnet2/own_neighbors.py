@@ -85,10 +85,10 @@ def aimnet_kernel_matrices(batch: Batch, cutoffs: dict[str, float], lists: dict,
         return None
     wrapped, image = found
     rows = torch.arange(wrapped.shape[0], device=wrapped.device).unsqueeze(1)
-    if open_batch and largest is None:
-        largest = largest_system(batch)  # once for both cutoffs (a read of the device)
-    elif not open_batch:
+    if not open_batch:
         largest = None
+    elif largest is None:
+        largest = largest_system(batch)  # once for both cutoffs (a read of the device)
     matrices = {}
     for suffix, cutoff in cutoffs.items():
         matrix, counts, shifts = _kernel_matrix(batch, wrapped, cutoff, lists, largest)

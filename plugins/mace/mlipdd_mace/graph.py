@@ -114,10 +114,24 @@ def _built_within(neighbors, cutoff: float) -> bool:
     return built is not None and built <= cutoff + _TRIMMED_MARGIN
 
 
+def _kept(cache: dict | None, name: str, tensor: torch.Tensor, extra, compute):
+    """``compute()``, reused while ``tensor`` is the very same, unmodified tensor (one rank under
+    DistributedModel, or an MD loop on one batch) and ``extra`` is unchanged: what it reads from
+    the device then runs once rather than every call. ``cache`` None: computed every call."""
+    if cache is None:
+        return compute()
+    key = (tensor._version, extra)
+    held = cache.get(name)
+    if held is not None and held[0] is tensor and held[1] == key:
+        return held[2]
+    value = compute()
+    cache[name] = (tensor, key, value)
+    return value
+
+
 def _cached_one_hot(atomic_numbers, model_elements, dtype, cache: dict | None):
-    """`one_hot_elements`, reused while the caller passes the very same, unmodified tensor
-    (one rank under DistributedModel, or an MD loop on one batch): the element check reads
-    the device, so it runs once rather than every call.
+    """`one_hot_elements`, kept while the numbers are the same tensor (`_kept`): the element
+    check reads the device.
 
     While a CUDA graph is captured (`mlipdd.models.capturing`) the table is computed inside
     the graph, unchecked (the warm-up calls checked these very numbers): a cached tensor
@@ -125,29 +139,18 @@ def _cached_one_hot(atomic_numbers, model_elements, dtype, cache: dict | None):
     if capturing(atomic_numbers):
         model_elements = model_elements.to(atomic_numbers.device)
         return (atomic_numbers.view(-1, 1) == model_elements.view(1, -1)).to(dtype)
-    if cache is None:
-        return one_hot_elements(atomic_numbers, model_elements, dtype)
-    key = (atomic_numbers._version, dtype)
-    if cache.get("numbers") is atomic_numbers and cache.get("key") == key:
-        return cache["one_hot"]
-    one_hot = one_hot_elements(atomic_numbers, model_elements, dtype)
-    cache.update(numbers=atomic_numbers, key=key, one_hot=one_hot)
-    return one_hot
+    return _kept(cache, "one_hot", atomic_numbers, dtype,
+                 lambda: one_hot_elements(atomic_numbers, model_elements, dtype))
 
 
 def _cached_ptr(batch: Batch, cache: dict | None) -> torch.Tensor:
-    """``batch.ptr`` (system boundaries), kept while the system index is the same tensor,
-    unchanged: on a GPU its bincount waits for the device. Plain tensors only: under domain
+    """``batch.ptr`` (system boundaries), kept while the system index is the same tensor
+    (`_kept`): on a GPU its bincount waits for the device. Plain tensors only: under domain
     decomposition every rank must take the same collectives, so nothing rank-local is cached."""
     system_of_atom = batch.batch
-    if cache is None or type(system_of_atom) is not torch.Tensor or capturing(system_of_atom):
+    if type(system_of_atom) is not torch.Tensor or capturing(system_of_atom):
         return batch.ptr
-    key = (system_of_atom._version, batch.num_systems)
-    if cache.get("system_of_atom") is system_of_atom and cache.get("ptr_key") == key:
-        return cache["ptr"]
-    ptr = batch.ptr
-    cache.update(system_of_atom=system_of_atom, ptr_key=key, ptr=ptr)
-    return ptr
+    return _kept(cache, "ptr", system_of_atom, batch.num_systems, lambda: batch.ptr)
 
 
 def mace_inputs(

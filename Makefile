@@ -67,7 +67,7 @@ TEST_COMMAND = $(PY) -m pytest tests $(PLUGIN_TEST_DIRS) $(if $(WORLD_SIZES),--m
 test: install
 	$(TEST_COMMAND)
 
-# the same run plus the tests marked `slow` (conftest.py): the fresh-venv install, the compiled
+# the same run plus the tests marked `slow` (mlipdd.testing.slow_tier): the fresh-venv install, the compiled
 # plugin models, the long MD runs
 test-full: install
 	MLIPDD_SLOW_TESTS=1 $(TEST_COMMAND)

@@ -271,7 +271,8 @@ def test_compiled_lj_on_ranks_equals_eager(name, world_size):
 def test_compiled_lj_md_on_ranks_follows_eager_across_migration(world_size):
     """A hot box: rebuilds with migration on every rank; compiled stays equal to eager and
     compiles at most twice more after the first call's two (caps with headroom)."""
-    for worst, stats, rebuilds in run_ranks(_compiled_vs_eager_on_ranks, world_size, "triclinic", 40):
+    for worst, stats, rebuilds in run_ranks(_compiled_vs_eager_on_ranks, world_size, "triclinic", 20):
+        print(f"\n{world_size} ranks: {rebuilds} rebuilds, {stats['compiles']} compiles")
         assert all(value <= 1e-10 for value in worst.values()), worst
         assert rebuilds >= 3 and stats["compiles"] <= 4, (rebuilds, stats)
 

@@ -5,7 +5,7 @@ under domain decomposition on 2 ranks.
 `make dist` runs in a clone of the committed HEAD with a bare environment (no VIRTUAL_ENV,
 no make variables from a calling `make test`): the clone's `make venv` makes a new .venv, as
 on a user's machine. About 40 s on 2 cores, so it is in the default suite. The install test
-is the `slow` tier's (conftest.py; `make test-full` runs it): 1.5 min with pip's cache warm,
+is the `slow` tier's (mlipdd.testing.slow_tier; `make test-full` runs it): 1.5 min with pip's cache warm,
 minutes more without (pip unpacks torch, fairchem and their dependencies into a new venv;
 measured in the README), the largest single test of the suite, and no wheel built here can
 stand in for that install. It is the only check that a user's install works: run `make

@@ -1,4 +1,9 @@
-"""The `slow` tier, one mechanism for every test folder (tests/ and plugins/*/tests).
+"""The `slow` tier of this repository's tests, one mechanism for tests/ and plugins/*/tests.
+
+Loaded with ``-p mlipdd.testing.slow_tier`` from the ``addopts`` of the root pyproject.toml
+and of each plugin's (a plugin's tests run alone, as tox runs them, take the plugin's
+pyproject as their configuration, so a root conftest.py would not reach them). Not part of
+the conformance kit's pytest plugin: another project's ``slow`` marker means what it says.
 
 A test marked ``@pytest.mark.slow`` is collected always (so ``pytest --collect-only`` and
 ``-m slow`` list it) and skipped unless ``MLIPDD_SLOW_TESTS=1`` is set, which ``make
@@ -12,8 +17,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 SLOW_TESTS = "MLIPDD_SLOW_TESTS"
 
 
@@ -25,6 +28,8 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     if os.environ.get(SLOW_TESTS, "") not in ("", "0"):
         return
+    import pytest  # lazily: the library imports without pytest (tests/test_no_pytest_at_import.py)
+
     skip = pytest.mark.skip(reason=f"slow tier: `make test-full` ({SLOW_TESTS}=1) runs it")
     for item in items:
         if item.get_closest_marker("slow") is not None:

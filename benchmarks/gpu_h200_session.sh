@@ -182,6 +182,13 @@ s15_g)  # carry .whl_b, right after s15_a: cuEq under DD on the GPU, plain and c
     S 200 python3 benchmarks/cueq_dd_gpu.py --ranks 2,3 --out "$RES" --name cueq_dd_gpu_session15_final_h200
     S 200 python3 benchmarks/cueq_dd_gpu.py --ranks 2 --chunk-atoms 8 --out "$RES" --name cueq_dd_gpu_chunked_final_h200
     ;;
+s16_e)  # carry .whl_w3 after s15_carry with .whl_w1, .whl_w2: AIMNet2 vs aimnet's calculator after bb9dac5/90e4955
+    warp_whole
+    S 330 python3 benchmarks/aimnet2_vs_calculator.py --device cuda --threads 16 --repeats 15 \
+        --label "$machine." --name aimnet2_vs_calculator_session16_h200 --out "$RES"
+    S 120 python3 benchmarks/aimnet2_vs_calculator.py --device cuda --threads 16 --profile 1000 \
+        --kinds molecules,molecule --top 12 --label "$machine." --name aimnet2_profile_session16_h200 --out "$RES"
+    ;;
 s15_carry)  # carry .whl_w1 then .whl_w2: only copied (and the wheels installed) for a later stage
     ;;
 esac

@@ -139,7 +139,8 @@ def _shifts_for_aimnet(unit_shifts: torch.Tensor, cell: torch.Tensor, system: to
 
 def aimnet_inputs(batch: Batch, positions: torch.Tensor, cell: torch.Tensor, charge: torch.Tensor,
                   short_cutoff: float, long_cutoff: float | torch.Tensor | None,
-                  matrices: dict[str, NeighborMatrix] | None = None, images: torch.Tensor | None = None) -> dict:
+                  matrices: dict[str, NeighborMatrix] | None = None, images: torch.Tensor | None = None,
+                  open_batch: bool = False) -> dict:
     """aimnet's input dict (flat layout, already "prepared") for ``positions`` / ``cell``.
 
     ``positions`` and ``cell`` may be the strained copies of the batch's (stress). Edges
@@ -149,6 +150,9 @@ def aimnet_inputs(batch: Batch, positions: torch.Tensor, cell: torch.Tensor, cha
     `own_neighbors.aimnet_kernel_matrices`) replace the ones cut from ``batch.neighbors``;
     their shifts hold for ``positions - images @ cell`` (a translation by whole cell
     vectors: the same energy, and the same gradient with respect to ``positions``).
+    ``open_batch``: no system is periodic, so every shift is zero and aimnet is given none
+    (as its calculator gives a molecule none): its ``coord_j + shifts @ cell`` over every slot,
+    and the products that turn shifts into vectors, are 16 launches a call on a GPU.
     """
     if images is not None:
         positions = positions - torch.einsum("ni,nij->nj", images.to(positions.dtype), cell[batch.batch])
@@ -171,7 +175,8 @@ def aimnet_inputs(batch: Batch, positions: torch.Tensor, cell: torch.Tensor, cha
         # each convolution, `mlipdd_aimnet2.adapters`)
         data[f"nbmat{suffix}"] = as_atom_rows(matrix.index, positions, ghosts_current=False, index=True)
         unit_shifts, pad = _table_rows(matrix.unit_shifts, positions), _table_rows(matrix.pad, positions)
-        data[f"shifts{suffix}"] = _shifts_for_aimnet(unit_shifts, cell, batch.batch)
+        if not open_batch:
+            data[f"shifts{suffix}"] = _shifts_for_aimnet(unit_shifts, cell, batch.batch)
         data[f"mask_ij{suffix}"] = pad
         # integer cell shifts of each slot, for nvalchemiops' kernels at one process (which
         # take shifts in cell units and one cell per system; aimnet's "shifts" may be vectors)

@@ -58,7 +58,8 @@ def _kernel_matrix(batch: Batch, wrapped, cutoff: float, lists: dict, largest: i
         # the density (53,000 slots at 40 A) would allocate gigabytes for small molecules
         nblist.max_neighbors = min(nblist.max_neighbors, nblist._round_to_16(max(largest, 16)))
         matrix, counts, _ = nblist(wrapped, None, None, system, fill_value=wrapped.shape[0])
-        return matrix, counts, torch.zeros((*matrix.shape, 3), dtype=torch.int32, device=matrix.device)
+        # in the positions' dtype: the matrices' shifts are, so no cast follows (one launch less)
+        return matrix, counts, torch.zeros((*matrix.shape, 3), dtype=wrapped.dtype, device=matrix.device)
     cell = batch.cell.detach().to(wrapped.dtype)
     return nblist(wrapped, cell, batch.pbc.to(torch.bool), system, fill_value=wrapped.shape[0])
 

@@ -194,6 +194,10 @@ class AIMNet2Wrapper(ModelWrapper):
         waits for the device: this call reads it once, and dynamics never again)."""
         return self._host.get("pbc", (batch.pbc,), lambda: batch.pbc.bool().tolist())
 
+    def _open(self, batch: Batch) -> bool:
+        """No system of ``batch`` is periodic (molecules only)."""
+        return not any(any(row) for row in self._periodic(batch))
+
     def check_input(self, batch: Batch) -> None:
         if batch.dtype != self.dtype:
             raise InputError(
@@ -265,8 +269,7 @@ class AIMNet2Wrapper(ModelWrapper):
             batch = Batch._from_dicts(dict(batch.node), dict(batch.system))
             matrices = self._kernel_matrices(batch)  # (matrices, images) or None
             if matrices is None:
-                open_batch = not any(any(row) for row in self._periodic(batch))
-                batch.neighbors = aimnet_kernel_neighbors(batch, self.cutoff, self._kernel_lists, open_batch)
+                batch.neighbors = aimnet_kernel_neighbors(batch, self.cutoff, self._kernel_lists, self._open(batch))
             if matrices is None and batch.neighbors is None:
                 from mlipdd.neighbors import attach_neighbors
 
@@ -325,7 +328,7 @@ class AIMNet2Wrapper(ModelWrapper):
         if isinstance(long_cutoff, torch.Tensor):
             return None
         cutoffs = {"": self.short_cutoff, **({"_lr": long_cutoff} if long_cutoff is not None else {})}
-        open_batch = not any(any(row) for row in self._periodic(batch))
+        open_batch = self._open(batch)
         largest = None
         if open_batch:  # the atoms of the largest system (sizes the kernel's all-pairs matrix)
             largest = self._host.get("largest system", (batch.batch,), lambda: largest_system(batch))
@@ -338,7 +341,7 @@ class AIMNet2Wrapper(ModelWrapper):
         (with ``_dsf_forces``, the forces autograd does not give, when ``dsf_kernel``)."""
         methods = self.system_methods(batch)
         data = aimnet_inputs(batch, positions, cell, charge, self.short_cutoff, self._long_cutoff(batch),
-                             *(matrices or (None, None)))
+                             *(matrices or (None, None)), open_batch=self._open(batch))
         with explicit_convolution_rows():  # the Warp kernel's padding row is a real atom here
             data = self.model.forward_prepared(data)
         energy = data["energy"].to(torch.float64)

@@ -26,16 +26,22 @@ def _is_open(batch: Batch) -> bool:
     return not bool(batch.pbc.to(torch.bool).any())
 
 
-def _wrapped(batch: Batch, open_batch: bool):
+def invertible_cells(batch: Batch) -> bool:
+    """Every cell of ``batch`` can be inverted (one read of the device)."""
+    return not bool((torch.linalg.det(batch.cell.detach().to(batch.positions.dtype)).abs() < 1e-9).any())
+
+
+def _wrapped(batch: Batch, open_batch: bool, invertible: bool | None = None):
     """(positions inside their cell, integer images) with positions = wrapped + image @ cell,
     or None for a cell that cannot be inverted (the wrap needs fractional coordinates) in a
-    batch with a periodic system. Open batches stay where they are (images zero)."""
+    batch with a periodic system. Open batches stay where they are (images zero).
+    ``invertible``: `invertible_cells` of the batch, if known."""
     positions, cell = batch.positions.detach(), batch.cell.detach().to(batch.positions.dtype)
     if type(positions) is not torch.Tensor:
         return None
     if open_batch:
         return positions, torch.zeros_like(positions)
-    if bool((torch.linalg.det(cell).abs() < 1e-9).any()):
+    if not (invertible_cells(batch) if invertible is None else invertible):
         return None
     system = batch.batch
     image = torch.floor(torch.einsum("ni,nij->nj", positions, torch.linalg.inv(cell)[system]))
@@ -70,18 +76,19 @@ def largest_system(batch: Batch) -> int:
 
 
 def aimnet_kernel_matrices(batch: Batch, cutoffs: dict[str, float], lists: dict, open_batch: bool | None = None,
-                           largest: int | None = None):
+                           largest: int | None = None, invertible: bool | None = None):
     """(matrices, images): aimnet's matrices straight from the kernel, one per ``{suffix:
     cutoff}`` (index, unit shifts, pad; padded slots point at the row itself), with no COO
     list in between, and each atom's image: the shifts hold for the positions moved into
     their cell, ``positions - images @ cell`` (as aimnet's calculator moves them; None for an
     open batch, which stays where it is). None
     where the kernel does not apply (see `_wrapped`). ``open_batch``: no system periodic (None:
-    read from ``batch.pbc``). ``largest``: `largest_system` of an open batch, if known."""
+    read from ``batch.pbc``). ``largest``: `largest_system` of an open batch, if known;
+    ``invertible``: `invertible_cells`, if known."""
     from mlipdd_aimnet2.inputs import NeighborMatrix
 
     open_batch = _is_open(batch) if open_batch is None else open_batch
-    found = _wrapped(batch, open_batch)
+    found = _wrapped(batch, open_batch, invertible)
     if found is None:
         return None
     wrapped, image = found

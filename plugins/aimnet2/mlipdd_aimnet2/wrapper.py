@@ -33,6 +33,7 @@ from mlipdd_aimnet2.inputs import ListMatrices, aimnet_inputs, explicit_convolut
 from mlipdd_aimnet2.own_neighbors import (
     aimnet_kernel_matrices,
     aimnet_kernel_neighbors,
+    invertible_cells,
     largest_system,
 )
 from mlipdd_aimnet2.versions import require_aimnet
@@ -329,10 +330,12 @@ class AIMNet2Wrapper(ModelWrapper):
             return None
         cutoffs = {"": self.short_cutoff, **({"_lr": long_cutoff} if long_cutoff is not None else {})}
         open_batch = self._open(batch)
-        largest = None
+        largest = invertible = None
         if open_batch:  # the atoms of the largest system (sizes the kernel's all-pairs matrix)
             largest = self._host.get("largest system", (batch.batch,), lambda: largest_system(batch))
-        return aimnet_kernel_matrices(batch, cutoffs, self._kernel_lists, open_batch, largest)
+        elif type(batch.positions) is torch.Tensor:  # one process: the wrap into the cell needs its inverse
+            invertible = self._host.get("invertible cells", (batch.cell,), lambda: invertible_cells(batch))
+        return aimnet_kernel_matrices(batch, cutoffs, self._kernel_lists, open_batch, largest, invertible)
 
     def _energy(self, batch: Batch, positions, cell, charge, matrices=None,
                 dsf_kernel: bool = False) -> tuple[torch.Tensor, dict]:

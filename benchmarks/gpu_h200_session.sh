@@ -187,7 +187,7 @@ s16_e)  # carry .whl_w3 after s15_carry with .whl_w1, .whl_w2: AIMNet2 vs aimnet
     S 330 python3 benchmarks/aimnet2_vs_calculator.py --device cuda --threads 16 --repeats 15 \
         --label "$machine." --name aimnet2_vs_calculator_session16_h200 --out "$RES"
     S 120 python3 benchmarks/aimnet2_vs_calculator.py --device cuda --threads 16 --profile 1000 \
-        --kinds molecules,molecule --top 12 --label "$machine." --name aimnet2_profile_session16_h200 --out "$RES"
+        --kinds molecules,crystal --top 14 --label "$machine." --name aimnet2_profile_session16_h200 --out "$RES"
     ;;
 s15_carry)  # carry .whl_w1 then .whl_w2: only copied (and the wheels installed) for a later stage
     ;;
